@@ -1,0 +1,3 @@
+//! The `mock-csi-driver` binary.
+
+fn main() {}
