@@ -15,6 +15,8 @@
 //! benchmarks and shipped as the `mock-csi-driver` binary.
 
 pub mod cli;
+pub mod controller;
 pub mod csi;
 pub mod mock;
+pub mod queue;
 pub mod telemetry;

@@ -1,0 +1,1 @@
+//! Pure helpers of the attach/detach handler (work in progress).

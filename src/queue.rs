@@ -1,0 +1,552 @@
+//! A work queue with client-go `workqueue` semantics, keyed by object name.
+//!
+//! external-attacher runs two client-go rate-limiting queues (`csi-attacher-va`, `csi-attacher-pv`,
+//! spec §6). No Rust crate reproduces their semantics, so this is our own (STYLE 5.4 decision 2):
+//!
+//! * a key is handed to at most one worker at a time ([`Queue::get`] … [`Queue::done`]);
+//! * adding a key that is already queued is a no-op (dedup);
+//! * adding a key that is being processed marks it *dirty*; it is queued again on `done`;
+//! * [`Queue::add_rate_limited`] delays the key by `start × 2^failures`, capped at `max`
+//!   (client-go's per-item exponential failure rate limiter, no global bucket);
+//! * [`Queue::forget`] resets the failure count;
+//! * a plain [`Queue::add`] makes a key that waits in backoff available immediately.
+//!
+//! Difference from client-go, on purpose: a plain `add` also drops the key's pending delayed add,
+//! so the key is not processed a second time when the old delay expires. The key's failure count
+//! is kept, so the next `add_rate_limited` still backs off further.
+//!
+//! Locking: one `std::sync::Mutex` guards the state and is never held across an `.await`;
+//! waiters sleep on a [`tokio::sync::Notify`] or until the earliest backoff deadline.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// A client-go-compatible rate-limiting work queue keyed by `String`.
+///
+/// Share it between producers and workers behind an `Arc`.
+#[derive(Debug)]
+pub struct Queue {
+    /// Name used for metrics and logs (`csi-attacher-va`, `csi-attacher-pv`).
+    name: String,
+    /// Backoff of the first failure (`--retry-interval-start`).
+    retry_start: Duration,
+    /// Backoff cap (`--retry-interval-max`).
+    retry_max: Duration,
+    /// All mutable state; only locked for short, synchronous sections.
+    state: Mutex<State>,
+    /// Wakes workers blocked in [`Queue::get`].
+    notify: Notify,
+}
+
+/// The queue's bookkeeping; see client-go `workqueue.Typed` for the model.
+#[derive(Debug, Default)]
+struct State {
+    /// Keys ready to be handed out, oldest first, with the instant they became ready.
+    ready: VecDeque<(String, Instant)>,
+    /// Keys that need processing: queued ones plus processing ones that were re-added.
+    dirty: HashSet<String>,
+    /// Keys handed to a worker and not yet `done`, with the instant processing started.
+    processing: HashMap<String, Instant>,
+    /// Keys waiting out a backoff delay: key → instant they become ready.
+    waiting: HashMap<String, Instant>,
+    /// Min-heap over `waiting`; entries whose instant differs from `waiting` are stale.
+    deadlines: BinaryHeap<Reverse<(Instant, String)>>,
+    /// Failures per key since the last `forget`.
+    failures: HashMap<String, u32>,
+    /// Set by `shut_down`; adds are ignored and `get` returns `None` once drained.
+    shutting_down: bool,
+}
+
+// === impl Queue ===
+
+impl Queue {
+    /// Creates a queue whose failure backoff starts at `retry_start` and doubles up to `retry_max`.
+    pub fn new(name: impl Into<String>, retry_start: Duration, retry_max: Duration) -> Self {
+        Self {
+            name: name.into(),
+            retry_start,
+            retry_max,
+            state: Mutex::new(State::default()),
+            notify: Notify::new(),
+        }
+    }
+
+    /// The queue's name (the `name` label of the `workqueue_*` metrics).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock can only come from a bug in this module; the state is
+        // still consistent enough to keep serving, so recover instead of poisoning every worker.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds `key` for processing now. No-op if already queued; marks it dirty if being processed.
+    /// Also cancels any pending backoff of the key (the key becomes available immediately).
+    pub fn add(&self, key: impl Into<String>) {
+        let key = key.into();
+        let woke = {
+            let mut st = self.lock();
+            if st.shutting_down {
+                return;
+            }
+            st.waiting.remove(&key);
+            st.insert_now(key, Instant::now())
+        };
+        if woke {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Adds `key` after its backoff: `retry_start × 2^failures`, capped at `retry_max`, then
+    /// counts one more failure. If the key already waits with an earlier deadline, that one stays.
+    pub fn add_rate_limited(&self, key: impl Into<String>) {
+        let key = key.into();
+        let now = Instant::now();
+        let woke = {
+            let mut st = self.lock();
+            if st.shutting_down {
+                return;
+            }
+            let failures = st.failures.entry(key.clone()).or_insert(0);
+            let delay = backoff(self.retry_start, self.retry_max, *failures);
+            *failures = failures.saturating_add(1);
+            if delay.is_zero() {
+                st.waiting.remove(&key);
+                st.insert_now(key, now)
+            } else {
+                let at = now + delay;
+                match st.waiting.get(&key) {
+                    Some(existing) if *existing <= at => {}
+                    _ => {
+                        st.waiting.insert(key.clone(), at);
+                        st.deadlines.push(Reverse((at, key)));
+                    }
+                }
+                // A worker may be sleeping until a later deadline; let one re-evaluate.
+                true
+            }
+        };
+        if woke {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Resets the failure count of `key` (call after a successful sync).
+    pub fn forget(&self, key: &str) {
+        self.lock().failures.remove(key);
+    }
+
+    /// How many times `key` was added with [`Queue::add_rate_limited`] since the last `forget`.
+    pub fn num_requeues(&self, key: &str) -> u32 {
+        self.lock().failures.get(key).copied().unwrap_or(0)
+    }
+
+    /// Waits for the next key and marks it as being processed; call [`Queue::done`] afterwards.
+    ///
+    /// Returns `None` once the queue is shut down and no queued key is left (keys queued before
+    /// the shutdown are still handed out, as in client-go; keys in backoff are dropped).
+    pub async fn get(&self) -> Option<String> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Register interest before looking at the state so an `add` between the check and
+            // the `await` is not lost.
+            notified.as_mut().enable();
+            let next_deadline = {
+                let mut st = self.lock();
+                let now = Instant::now();
+                st.promote_due(now);
+                if let Some((key, _)) = st.ready.pop_front() {
+                    st.dirty.remove(&key);
+                    st.processing.insert(key.clone(), now);
+                    return Some(key);
+                }
+                if st.shutting_down {
+                    return None;
+                }
+                st.next_deadline()
+            };
+            match next_deadline {
+                Some(at) => {
+                    tokio::select! {
+                        () = &mut notified => {}
+                        () = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Marks `key` as no longer processed; queues it again if it was re-added meanwhile.
+    pub fn done(&self, key: &str) {
+        let woke = {
+            let mut st = self.lock();
+            if st.processing.remove(key).is_none() {
+                return;
+            }
+            if st.dirty.contains(key) {
+                st.ready.push_back((key.to_owned(), Instant::now()));
+                true
+            } else {
+                false
+            }
+        };
+        if woke {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Number of keys ready to be handed out (the `workqueue_depth` metric).
+    pub fn len(&self) -> usize {
+        self.lock().ready.len()
+    }
+
+    /// True if no key is ready to be handed out.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of keys waiting out a backoff delay.
+    pub fn waiting_len(&self) -> usize {
+        self.lock().waiting.len()
+    }
+
+    /// Number of keys currently handed to workers.
+    pub fn processing_len(&self) -> usize {
+        self.lock().processing.len()
+    }
+
+    /// How long the oldest ready key has been waiting for a worker (backlog age), if any.
+    pub fn oldest_age(&self) -> Option<Duration> {
+        let st = self.lock();
+        st.ready
+            .front()
+            .map(|(_, since)| Instant::now().saturating_duration_since(*since))
+    }
+
+    /// How long the longest-running key has been processed, if any
+    /// (`workqueue_longest_running_processor_seconds`).
+    pub fn longest_processing(&self) -> Option<Duration> {
+        let st = self.lock();
+        let now = Instant::now();
+        st.processing
+            .values()
+            .map(|since| now.saturating_duration_since(*since))
+            .max()
+    }
+
+    /// Stops the queue: later adds are ignored, backoff waits are dropped, and every `get`
+    /// returns `None` once the ready keys are drained.
+    pub fn shut_down(&self) {
+        {
+            let mut st = self.lock();
+            st.shutting_down = true;
+            st.waiting.clear();
+            st.deadlines.clear();
+        }
+        self.notify.notify_waiters();
+        // A worker between `enable` and its wait is covered by notify_waiters; one that has not
+        // registered yet sees `shutting_down` on its next check.
+    }
+
+    /// True after [`Queue::shut_down`].
+    pub fn is_shutting_down(&self) -> bool {
+        self.lock().shutting_down
+    }
+}
+
+/// Backoff for a key that failed `failures` times: `start × 2^failures`, capped at `max`.
+fn backoff(start: Duration, max: Duration, failures: u32) -> Duration {
+    let factor = 1u32.checked_shl(failures).filter(|f| *f != 0);
+    factor
+        .and_then(|f| start.checked_mul(f))
+        .map_or(max, |d| d.min(max))
+}
+
+// === impl State ===
+
+impl State {
+    /// Queues `key` now unless it already needs processing. Returns true if a worker should wake.
+    fn insert_now(&mut self, key: String, now: Instant) -> bool {
+        if self.dirty.contains(&key) {
+            return false;
+        }
+        self.dirty.insert(key.clone());
+        if self.processing.contains_key(&key) {
+            // Re-queued by `done`.
+            return false;
+        }
+        self.ready.push_back((key, now));
+        true
+    }
+
+    /// Moves keys whose backoff expired into the ready queue.
+    fn promote_due(&mut self, now: Instant) {
+        while let Some(Reverse((at, _))) = self.deadlines.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((at, key))) = self.deadlines.pop() else {
+                break;
+            };
+            if self.waiting.get(&key) == Some(&at) {
+                self.waiting.remove(&key);
+                self.insert_now(key, now);
+            }
+        }
+    }
+
+    /// The earliest live backoff deadline, discarding stale heap entries.
+    fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(Reverse((at, key))) = self.deadlines.peek() {
+            if self.waiting.get(key) == Some(at) {
+                return Some(*at);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const START: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(300);
+
+    fn queue() -> Arc<Queue> {
+        Arc::new(Queue::new("test", START, MAX))
+    }
+
+    /// Returns the next key if one is available within `within`.
+    async fn get_within(q: &Queue, within: Duration) -> Option<String> {
+        tokio::time::timeout(within, q.get()).await.ok().flatten()
+    }
+
+    #[test]
+    fn backoff_doubles_from_start_and_is_capped_at_max() {
+        let cases = [
+            (0, 1),
+            (1, 2),
+            (2, 4),
+            (8, 256),
+            (9, 300),
+            (10, 300),
+            (31, 300),
+            (32, 300),
+            (u32::MAX, 300),
+        ];
+        for (failures, secs) in cases {
+            assert_eq!(
+                backoff(START, MAX, failures),
+                Duration::from_secs(secs),
+                "failures={failures}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn adding_a_queued_key_twice_hands_it_out_once() {
+        let q = queue();
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(q.get().await.as_deref(), Some("b"));
+        assert_eq!(get_within(&q, Duration::from_secs(10)).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_added_while_processing_is_handed_out_again_after_done() {
+        let q = queue();
+        q.add("a");
+        let key = q.get().await;
+        assert_eq!(key.as_deref(), Some("a"));
+        q.add("a");
+        q.add("a");
+        // Never to two workers at once.
+        assert_eq!(q.len(), 0);
+        assert_eq!(get_within(&q, Duration::from_secs(1)).await, None);
+        q.done("a");
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.get().await.as_deref(), Some("a"));
+        q.done("a");
+        assert_eq!(get_within(&q, Duration::from_secs(10)).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_done_key_that_was_not_re_added_is_not_handed_out_again() {
+        let q = queue();
+        q.add("a");
+        let _ = q.get().await;
+        q.done("a");
+        assert!(q.is_empty());
+        assert_eq!(q.processing_len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limited_adds_back_off_exponentially() {
+        let q = queue();
+        let t0 = Instant::now();
+        let mut delays = Vec::new();
+        for _ in 0..4 {
+            q.add_rate_limited("a");
+            let start = Instant::now();
+            assert_eq!(q.get().await.as_deref(), Some("a"));
+            delays.push(Instant::now() - start);
+            q.done("a");
+        }
+        assert_eq!(
+            delays,
+            [1, 2, 4, 8].map(Duration::from_secs).to_vec(),
+            "since {t0:?}"
+        );
+        assert_eq!(q.num_requeues("a"), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limited_backoff_is_capped_at_max() {
+        let q = queue();
+        for _ in 0..12 {
+            q.add_rate_limited("a");
+            // Only the earliest deadline counts; drain it each time.
+            let _ = q.get().await;
+            q.done("a");
+        }
+        q.add_rate_limited("a");
+        let start = Instant::now();
+        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(Instant::now() - start, MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_plain_add_makes_a_key_in_backoff_available_immediately() {
+        let q = queue();
+        for _ in 0..5 {
+            q.add_rate_limited("a");
+        }
+        assert_eq!(q.waiting_len(), 1);
+        assert_eq!(q.len(), 0);
+        q.add("a");
+        assert_eq!(q.waiting_len(), 0);
+        let start = Instant::now();
+        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(Instant::now(), start);
+        q.done("a");
+        // The dropped delayed add does not fire later.
+        assert_eq!(get_within(&q, Duration::from_secs(600)).await, None);
+        // The failure count is kept.
+        assert_eq!(q.num_requeues("a"), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn forget_resets_the_backoff_to_start() {
+        let q = queue();
+        for _ in 0..3 {
+            q.add_rate_limited("a");
+            let _ = q.get().await;
+            q.done("a");
+        }
+        assert_eq!(q.num_requeues("a"), 3);
+        q.forget("a");
+        assert_eq!(q.num_requeues("a"), 0);
+        q.add_rate_limited("a");
+        let start = Instant::now();
+        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(Instant::now() - start, START);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_earlier_backoff_deadline_wakes_a_worker_already_sleeping() {
+        let q = queue();
+        // b waits 4 s, then a (fresh key) only 1 s; the worker must not oversleep.
+        for _ in 0..2 {
+            q.add_rate_limited("b");
+            let _ = q.get().await;
+            q.done("b");
+        }
+        q.add_rate_limited("b");
+        let worker = {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let key = q.get().await;
+                (key, Instant::now() - start)
+            })
+        };
+        tokio::task::yield_now().await;
+        q.add_rate_limited("a");
+        let (key, waited) = worker.await.expect("worker task");
+        assert_eq!(key.as_deref(), Some("a"));
+        assert_eq!(waited, START);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn oldest_age_reports_how_long_the_front_key_has_waited() {
+        let q = queue();
+        assert_eq!(q.oldest_age(), None);
+        q.add("a");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        q.add("b");
+        assert_eq!(q.oldest_age(), Some(Duration::from_secs(3)));
+        let _ = q.get().await;
+        assert_eq!(q.oldest_age(), Some(Duration::ZERO));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(q.longest_processing(), Some(Duration::from_secs(2)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shut_down_wakes_every_waiting_worker_with_none() {
+        let q = queue();
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let q = Arc::clone(&q);
+                tokio::spawn(async move { q.get().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        q.shut_down();
+        for w in workers {
+            assert_eq!(w.await.expect("worker task"), None);
+        }
+        q.add("a");
+        assert_eq!(q.get().await, None);
+        assert!(q.is_shutting_down());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shut_down_still_hands_out_keys_queued_before_it() {
+        let q = queue();
+        q.add("a");
+        q.add_rate_limited("b");
+        q.shut_down();
+        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(q.get().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_workers_never_get_the_same_key() {
+        let q = queue();
+        q.add("a");
+        q.add("b");
+        let first = q.get().await;
+        q.add("a");
+        q.add("b");
+        let second = q.get().await;
+        assert_ne!(first, second);
+        assert_eq!(get_within(&q, Duration::from_secs(1)).await, None);
+    }
+}
