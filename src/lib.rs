@@ -17,6 +17,9 @@
 pub mod cli;
 pub mod controller;
 pub mod csi;
+pub mod http;
+pub mod metrics;
 pub mod mock;
 pub mod queue;
+pub mod router;
 pub mod telemetry;

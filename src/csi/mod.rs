@@ -1,4 +1,14 @@
 //! The client side of CSI: connecting to a driver's Unix socket, probing it,
 //! detecting its capabilities and calling it in domain types.
 
+pub mod client;
+pub mod connection;
+pub mod probe;
 pub mod proto;
+pub mod redact;
+pub mod status;
+
+pub use client::{CallError, CallMetrics, DriverClient, PublishRequest, UnpublishRequest};
+pub use connection::{Address, Connection};
+pub use probe::Capabilities;
+pub use redact::Secrets;

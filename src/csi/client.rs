@@ -1,0 +1,413 @@
+//! Calls to one driver, in domain types. No `tonic::Request` leaves this
+//! module; every call has a deadline and leaves one metric sample.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
+
+use tonic::transport::Channel;
+
+use super::{
+    Connection,
+    proto::{self, controller_client::ControllerClient, identity_client::IdentityClient},
+    redact::Secrets,
+    status::{self, Outcome},
+};
+use crate::metrics::{CsiOperations, UNKNOWN_DRIVER};
+
+/// Full gRPC method names, as they appear in the `method_name` label.
+pub mod method {
+    /// `Identity/Probe`.
+    pub const PROBE: &str = "/csi.v1.Identity/Probe";
+    /// `Identity/GetPluginInfo`.
+    pub const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
+    /// `Identity/GetPluginCapabilities`.
+    pub const GET_PLUGIN_CAPABILITIES: &str = "/csi.v1.Identity/GetPluginCapabilities";
+    /// `Controller/ControllerGetCapabilities`.
+    pub const CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.Controller/ControllerGetCapabilities";
+    /// `Controller/ControllerPublishVolume`.
+    pub const CONTROLLER_PUBLISH_VOLUME: &str = "/csi.v1.Controller/ControllerPublishVolume";
+    /// `Controller/ControllerUnpublishVolume`.
+    pub const CONTROLLER_UNPUBLISH_VOLUME: &str = "/csi.v1.Controller/ControllerUnpublishVolume";
+    /// `Controller/ListVolumes`.
+    pub const LIST_VOLUMES: &str = "/csi.v1.Controller/ListVolumes";
+}
+
+/// Largest response this client accepts. gRPC's default is 4 MiB, which a
+/// ListVolumes page of a big cluster can exceed when `--max-entries` is unset
+/// (spec section 5); 64 MiB leaves ample room while still bounding memory.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// A failed CSI call.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{}", status::go_error_text(.status))]
+pub struct CallError {
+    /// The full gRPC method name.
+    pub method: &'static str,
+    /// The status the call ended with (a deadline hit by us is reported as
+    /// `DeadlineExceeded` / `context deadline exceeded`, as grpc-go does).
+    pub status: tonic::Status,
+}
+
+impl CallError {
+    /// The gRPC code.
+    pub fn code(&self) -> tonic::Code {
+        self.status.code()
+    }
+
+    /// Whether the operation may still be in progress (spec 3.7).
+    pub fn outcome(&self) -> Outcome {
+        status::classify(self.status.code())
+    }
+}
+
+/// Labels and histogram for the calls of one driver.
+#[derive(Clone, Debug)]
+pub struct CallMetrics {
+    /// The shared histogram.
+    ops: CsiOperations,
+    /// `driver_name` label: `unknown-driver` until GetPluginInfo answered.
+    driver_name: Arc<RwLock<String>>,
+    /// Whether this driver is a CSI-migration target (adds the `migrated` label).
+    migration_target: bool,
+}
+
+impl CallMetrics {
+    /// Metrics for a driver whose name is not known yet.
+    pub fn new(ops: CsiOperations) -> Self {
+        Self {
+            ops,
+            driver_name: Arc::new(RwLock::new(UNKNOWN_DRIVER.to_string())),
+            migration_target: false,
+        }
+    }
+
+    /// Sets the `driver_name` label and whether the driver is a migration target.
+    pub fn set_driver(&mut self, name: &str, migration_target: bool) {
+        if let Ok(mut n) = self.driver_name.write() {
+            *n = name.to_string();
+        }
+        self.migration_target = migration_target;
+    }
+
+    fn observe(&self, method: &str, code: &str, migrated: bool, elapsed: Duration) {
+        let driver = self
+            .driver_name
+            .read()
+            .map(|n| n.clone())
+            .unwrap_or_else(|_| UNKNOWN_DRIVER.to_string());
+        let migrated = self.migration_target.then_some(migrated);
+        self.ops
+            .observe(&driver, method, code, migrated, elapsed.as_secs_f64());
+    }
+}
+
+/// A ControllerPublishVolume request in domain terms.
+#[derive(Clone, Debug, Default)]
+pub struct PublishRequest {
+    /// `PersistentVolume.spec.csi.volumeHandle`.
+    pub volume_id: String,
+    /// The node as the driver knows it.
+    pub node_id: String,
+    /// Access type and mode.
+    pub capability: proto::VolumeCapability,
+    /// Read-only publish (only sent when the driver has PUBLISH_READONLY).
+    pub readonly: bool,
+    /// `volumeAttributes` of the PV.
+    pub volume_context: HashMap<String, String>,
+    /// From `controllerPublishSecretRef`; `None` when no secret is referenced.
+    pub secrets: Option<Secrets>,
+    /// The volume is a translated in-tree volume (`migrated` metric label).
+    pub migrated: bool,
+}
+
+/// A ControllerUnpublishVolume request in domain terms.
+#[derive(Clone, Debug, Default)]
+pub struct UnpublishRequest {
+    /// The volume handle.
+    pub volume_id: String,
+    /// The node as the driver knows it.
+    pub node_id: String,
+    /// From `controllerPublishSecretRef`.
+    pub secrets: Option<Secrets>,
+    /// The volume is a translated in-tree volume.
+    pub migrated: bool,
+}
+
+/// One page of ListVolumes: volume handle → nodes it is published to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PublishedPage {
+    /// Entries with both a volume and a status, in the driver's order.
+    pub volumes: Vec<(String, Vec<String>)>,
+    /// Token for the next page; empty on the last.
+    pub next_token: String,
+}
+
+/// The calls attacher-hub makes to a driver. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct DriverClient {
+    identity: IdentityClient<Channel>,
+    controller: ControllerClient<Channel>,
+    metrics: CallMetrics,
+}
+
+impl DriverClient {
+    /// A client over an established connection.
+    pub fn new(connection: &Connection, metrics: CallMetrics) -> Self {
+        let channel = connection.channel();
+        Self {
+            identity: IdentityClient::new(channel.clone())
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
+            controller: ControllerClient::new(channel)
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
+            metrics,
+        }
+    }
+
+    /// The metric labels, to set the driver name once known.
+    pub fn metrics_mut(&mut self) -> &mut CallMetrics {
+        &mut self.metrics
+    }
+
+    /// Runs one unary call with a deadline and records it.
+    async fn call<T, F>(
+        &self,
+        method: &'static str,
+        migrated: bool,
+        timeout: Duration,
+        fut: F,
+    ) -> Result<T, CallError>
+    where
+        F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(timeout, fut).await {
+            Ok(result) => result.map(tonic::Response::into_inner),
+            Err(_) => Err(tonic::Status::deadline_exceeded(
+                "context deadline exceeded",
+            )),
+        };
+        let code = match &result {
+            Ok(_) => "OK",
+            Err(s) => status::go_code_name(s.code()),
+        };
+        self.metrics
+            .observe(method, code, migrated, started.elapsed());
+        result.map_err(|status| {
+            tracing::trace!(method, %status, "CSI call failed");
+            CallError { method, status }
+        })
+    }
+
+    fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        // Tell the driver the deadline too (grpc-timeout header).
+        request.set_timeout(timeout);
+        request
+    }
+
+    /// `Identity/Probe`: `Some(ready)`, or `None` when the driver left the
+    /// field out (which means ready).
+    pub async fn probe(&self, timeout: Duration) -> Result<Option<bool>, CallError> {
+        let mut c = self.identity.clone();
+        let r = self
+            .call(
+                method::PROBE,
+                false,
+                timeout,
+                c.probe(Self::request(proto::ProbeRequest {}, timeout)),
+            )
+            .await?;
+        Ok(r.ready)
+    }
+
+    /// `Identity/GetPluginInfo`: the driver's name and version.
+    pub async fn plugin_info(
+        &self,
+        timeout: Duration,
+    ) -> Result<proto::GetPluginInfoResponse, CallError> {
+        let mut c = self.identity.clone();
+        self.call(
+            method::GET_PLUGIN_INFO,
+            false,
+            timeout,
+            c.get_plugin_info(Self::request(proto::GetPluginInfoRequest {}, timeout)),
+        )
+        .await
+    }
+
+    /// `Identity/GetPluginCapabilities`.
+    pub async fn plugin_capabilities(
+        &self,
+        timeout: Duration,
+    ) -> Result<Vec<proto::PluginCapability>, CallError> {
+        let mut c = self.identity.clone();
+        let r = self
+            .call(
+                method::GET_PLUGIN_CAPABILITIES,
+                false,
+                timeout,
+                c.get_plugin_capabilities(Self::request(
+                    proto::GetPluginCapabilitiesRequest {},
+                    timeout,
+                )),
+            )
+            .await?;
+        Ok(r.capabilities)
+    }
+
+    /// `Controller/ControllerGetCapabilities`.
+    pub async fn controller_capabilities(
+        &self,
+        timeout: Duration,
+    ) -> Result<Vec<proto::ControllerServiceCapability>, CallError> {
+        let mut c = self.controller.clone();
+        let r = self
+            .call(
+                method::CONTROLLER_GET_CAPABILITIES,
+                false,
+                timeout,
+                c.controller_get_capabilities(Self::request(
+                    proto::ControllerGetCapabilitiesRequest {},
+                    timeout,
+                )),
+            )
+            .await?;
+        Ok(r.capabilities)
+    }
+
+    /// `Controller/ControllerPublishVolume`: the publish context on success.
+    pub async fn publish(
+        &self,
+        request: PublishRequest,
+        timeout: Duration,
+    ) -> Result<HashMap<String, String>, CallError> {
+        let PublishRequest {
+            volume_id,
+            node_id,
+            capability,
+            readonly,
+            volume_context,
+            secrets,
+            migrated,
+        } = request;
+        let message = proto::ControllerPublishVolumeRequest {
+            volume_id,
+            node_id,
+            volume_capability: Some(capability),
+            readonly,
+            secrets: secrets.map(Secrets::expose).unwrap_or_default(),
+            volume_context,
+        };
+        tracing::trace!(request = ?message, "ControllerPublishVolume");
+        let mut c = self.controller.clone();
+        let r = self
+            .call(
+                method::CONTROLLER_PUBLISH_VOLUME,
+                migrated,
+                timeout,
+                c.controller_publish_volume(Self::request(message, timeout)),
+            )
+            .await?;
+        Ok(r.publish_context)
+    }
+
+    /// `Controller/ControllerUnpublishVolume`.
+    pub async fn unpublish(
+        &self,
+        request: UnpublishRequest,
+        timeout: Duration,
+    ) -> Result<(), CallError> {
+        let UnpublishRequest {
+            volume_id,
+            node_id,
+            secrets,
+            migrated,
+        } = request;
+        let message = proto::ControllerUnpublishVolumeRequest {
+            volume_id,
+            node_id,
+            secrets: secrets.map(Secrets::expose).unwrap_or_default(),
+        };
+        tracing::trace!(request = ?message, "ControllerUnpublishVolume");
+        let mut c = self.controller.clone();
+        self.call(
+            method::CONTROLLER_UNPUBLISH_VOLUME,
+            migrated,
+            timeout,
+            c.controller_unpublish_volume(Self::request(message, timeout)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// One page of `Controller/ListVolumes`. Entries without a volume or a
+    /// status are skipped, as external-attacher skips them.
+    pub async fn list_published_page(
+        &self,
+        max_entries: i32,
+        starting_token: String,
+        timeout: Duration,
+    ) -> Result<PublishedPage, CallError> {
+        let mut c = self.controller.clone();
+        let r = self
+            .call(
+                method::LIST_VOLUMES,
+                false,
+                timeout,
+                c.list_volumes(Self::request(
+                    proto::ListVolumesRequest {
+                        max_entries,
+                        starting_token,
+                    },
+                    timeout,
+                )),
+            )
+            .await?;
+        let volumes = r
+            .entries
+            .into_iter()
+            .filter_map(|e| match (e.volume, e.status) {
+                (Some(v), Some(s)) => Some((v.volume_id, s.published_node_ids)),
+                _ => None,
+            })
+            .collect();
+        Ok(PublishedPage {
+            volumes,
+            next_token: r.next_token,
+        })
+    }
+
+    /// Every page of ListVolumes within one overall `timeout`: volume handle →
+    /// published node IDs (later duplicates overwrite earlier ones). Any error
+    /// aborts the whole listing.
+    pub async fn list_published(
+        &self,
+        max_entries: i32,
+        timeout: Duration,
+    ) -> Result<HashMap<String, Vec<String>>, CallError> {
+        let deadline = Instant::now() + timeout;
+        let mut published = HashMap::new();
+        let mut token = String::new();
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(CallError {
+                    method: method::LIST_VOLUMES,
+                    status: tonic::Status::deadline_exceeded("context deadline exceeded"),
+                });
+            }
+            let page = self
+                .list_published_page(max_entries, token, remaining)
+                .await?;
+            published.extend(page.volumes);
+            if page.next_token.is_empty() {
+                return Ok(published);
+            }
+            token = page.next_token;
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! A gRPC channel to one driver's Unix socket, with connection-loss signals.
+
+use std::{
+    fmt, io,
+    path::{Path, PathBuf},
+    pin::Pin,
+    str::FromStr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use hyper_util::rt::TokioIo;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::UnixStream,
+    sync::watch,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// First delay between connection attempts.
+const CONNECT_BACKOFF_START: Duration = Duration::from_millis(100);
+/// Cap of the delay between connection attempts (csi-lib-utils caps at 1 s).
+const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How often a connect that keeps failing is logged.
+const STILL_CONNECTING_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The address is not a Unix socket address.
+    #[error(
+        "invalid CSI address {address:?}: only Unix sockets are supported (/path, unix:///path or unix:/path)"
+    )]
+    Address {
+        /// The address as given.
+        address: String,
+    },
+    /// The socket did not accept a connection in time.
+    #[error("failed to connect to CSI driver at {address} within {after:?}")]
+    Timeout {
+        /// The socket path.
+        address: Address,
+        /// How long we tried.
+        after: Duration,
+        /// The last connection error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// The address of a driver socket: an absolute or relative filesystem path.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Address(PathBuf);
+
+impl Address {
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl FromStr for Address {
+    type Err = Error;
+
+    /// Accepts `/path`, `unix:///path` and `unix:/path` (external-attacher
+    /// turns an absolute path into `unix://` + path; gRPC accepts both URL
+    /// forms). Anything else, TCP addresses included, is refused.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let path = if let Some(rest) = s.strip_prefix("unix://") {
+            rest
+        } else if let Some(rest) = s.strip_prefix("unix:") {
+            rest
+        } else if s.starts_with('/') {
+            s
+        } else {
+            ""
+        };
+        if !path.starts_with('/') || path.len() < 2 {
+            return Err(Error::Address { address: s.into() });
+        }
+        Ok(Self(PathBuf::from(path)))
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unix://{}", self.0.display())
+    }
+}
+
+/// A gRPC channel to one driver. Cheap to clone.
+///
+/// The channel re-dials by itself after the connection breaks. Every loss of an
+/// established connection (the driver closed the socket, exited, or the
+/// stream failed) bumps the counter behind [`Connection::losses`], so the owner
+/// can re-probe the driver and re-detect its capabilities.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    /// Where the driver listens.
+    address: Address,
+    /// The multiplexed HTTP/2 channel every client of this driver shares.
+    channel: Channel,
+    /// Count of lost connections so far.
+    losses: watch::Receiver<u64>,
+}
+
+impl Connection {
+    /// Connects to `address`, retrying with backoff (100 ms doubling to 1 s)
+    /// until the socket accepts a connection or `give_up_after` has passed
+    /// (`None`: never give up).
+    pub async fn connect(address: Address, give_up_after: Option<Duration>) -> Result<Self, Error> {
+        let (tx, losses) = watch::channel(0u64);
+        let tx = Arc::new(tx);
+        let path = address.0.clone();
+        let connector = tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            let tx = tx.clone();
+            async move {
+                let stream = UnixStream::connect(&path).await?;
+                Ok::<_, io::Error>(TokioIo::new(Monitored::new(stream, tx)))
+            }
+        });
+        // The authority is never looked at by a Unix-socket server; grpc-go
+        // clients send "localhost" too.
+        let endpoint = Endpoint::from_static("http://localhost");
+
+        let started = Instant::now();
+        let mut delay = CONNECT_BACKOFF_START;
+        let mut last_log = started;
+        loop {
+            match endpoint.connect_with_connector(connector.clone()).await {
+                Ok(channel) => {
+                    tracing::debug!(%address, "connected to CSI driver");
+                    return Ok(Self {
+                        address,
+                        channel,
+                        losses,
+                    });
+                }
+                Err(source) => {
+                    if give_up_after.is_some_and(|limit| started.elapsed() >= limit) {
+                        return Err(Error::Timeout {
+                            address,
+                            after: started.elapsed(),
+                            source,
+                        });
+                    }
+                    if last_log.elapsed() >= STILL_CONNECTING_LOG_INTERVAL {
+                        tracing::warn!(%address, error = %source, "still connecting to CSI driver");
+                        last_log = Instant::now();
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(CONNECT_BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// The driver's address.
+    pub fn address(&self) -> &Address {
+        &self.address
+    }
+
+    /// The gRPC channel.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// A receiver whose value counts lost connections; `changed()` resolves on
+    /// each loss.
+    pub fn losses(&self) -> watch::Receiver<u64> {
+        self.losses.clone()
+    }
+}
+
+/// A Unix stream that reports the end of the connection once.
+struct Monitored {
+    inner: UnixStream,
+    losses: Arc<watch::Sender<u64>>,
+    reported: AtomicBool,
+}
+
+impl Monitored {
+    fn new(inner: UnixStream, losses: Arc<watch::Sender<u64>>) -> Self {
+        Self {
+            inner,
+            losses,
+            reported: AtomicBool::new(false),
+        }
+    }
+
+    fn report(&self) {
+        if !self.reported.swap(true, Ordering::AcqRel) {
+            self.losses.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+impl AsyncRead for Monitored {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &poll {
+            Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {
+                self.report()
+            }
+            Poll::Ready(Err(_)) => self.report(),
+            _ => {}
+        }
+        poll
+    }
+}
+
+impl AsyncWrite for Monitored {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Err(_)) = &poll {
+            self.report();
+        }
+        poll
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_in_the_three_unix_forms_are_accepted() {
+        for a in [
+            "/csi/csi.sock",
+            "unix:///csi/csi.sock",
+            "unix:/csi/csi.sock",
+        ] {
+            let addr: Address = a.parse().unwrap();
+            assert_eq!(addr.path(), Path::new("/csi/csi.sock"), "{a}");
+            assert_eq!(addr.to_string(), "unix:///csi/csi.sock");
+        }
+    }
+
+    #[test]
+    fn other_addresses_are_refused_with_a_message_naming_them() {
+        for a in [
+            "",
+            "csi.sock",
+            "tcp://127.0.0.1:10000",
+            "127.0.0.1:10000",
+            "unix://",
+            "dns:///x",
+        ] {
+            let err = a.parse::<Address>().unwrap_err();
+            assert!(err.to_string().contains(&format!("{a:?}")), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn connect_gives_up_after_the_limit_when_nobody_listens() {
+        let dir = tempfile::tempdir().unwrap();
+        let addr: Address = dir
+            .path()
+            .join("none.sock")
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let err = Connection::connect(addr, Some(Duration::from_millis(300)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    }
+}

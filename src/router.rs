@@ -1,0 +1,209 @@
+//! One watch per kind (VolumeAttachment, PersistentVolume, CSINode), shared by
+//! every driver, feeding in-memory stores and routing events to drivers.
+//!
+//! `managedFields` are stripped before objects reach the stores: the attacher
+//! never reads them and they are the bulk of many objects.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::{
+    core::v1::PersistentVolume,
+    storage::v1::{CSINode, VolumeAttachment},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// The shared caches, readable by every driver.
+#[derive(Clone)]
+pub struct Stores {
+    /// Every VolumeAttachment in the cluster.
+    pub vas: Store<VolumeAttachment>,
+    /// Every PersistentVolume in the cluster.
+    pub pvs: Store<PersistentVolume>,
+    /// Every CSINode in the cluster.
+    pub csinodes: Store<CSINode>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("vas", &self.vas.len())
+            .field("pvs", &self.pvs.len())
+            .field("csinodes", &self.csinodes.len())
+            .finish()
+    }
+}
+
+impl Stores {
+    /// A VolumeAttachment by name.
+    pub fn va(&self, name: &str) -> Option<Arc<VolumeAttachment>> {
+        self.vas.get(&ObjectRef::new(name))
+    }
+
+    /// A PersistentVolume by name.
+    pub fn pv(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.pvs.get(&ObjectRef::new(name))
+    }
+
+    /// A CSINode by name.
+    pub fn csinode(&self, name: &str) -> Option<Arc<CSINode>> {
+        self.csinodes.get(&ObjectRef::new(name))
+    }
+
+    /// Waits until the VolumeAttachment and PersistentVolume caches hold a
+    /// complete list (the CSINode cache may still be filling, as in the Go
+    /// attacher).
+    pub async fn wait_synced(&self) {
+        // The writers live as long as the watch tasks; an error means the
+        // router is gone, and then the caller is shutting down anyway.
+        let _ = self.vas.wait_until_ready().await;
+        let _ = self.pvs.wait_until_ready().await;
+    }
+}
+
+/// Receives routed events. Implementations must not block: they look up the
+/// driver and add keys to its queues.
+pub trait Route: Send + Sync + 'static {
+    /// A VolumeAttachment was added or changed (`old` is the cached copy
+    /// before the change; on resync `old` and `new` are the same object).
+    fn va_applied(&self, old: Option<&VolumeAttachment>, new: &VolumeAttachment);
+    /// A VolumeAttachment is gone from the API server.
+    fn va_deleted(&self, va: &VolumeAttachment);
+    /// A PersistentVolume was added or changed (or re-delivered on resync).
+    fn pv_applied(&self, pv: &PersistentVolume);
+}
+
+/// Starts the three watches and the resync timer. Returns the stores at once;
+/// they fill in the background. The tasks end when `shutdown` is cancelled;
+/// the returned future resolves when all of them have ended.
+pub fn start(
+    client: Client,
+    route: Arc<dyn Route>,
+    resync: Duration,
+    shutdown: CancellationToken,
+) -> (
+    Stores,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (vas, va_writer) = reflector::store::<VolumeAttachment>();
+    let (pvs, pv_writer) = reflector::store::<PersistentVolume>();
+    let (csinodes, csinode_writer) = reflector::store::<CSINode>();
+    let stores = Stores { vas, pvs, csinodes };
+
+    let va_task = {
+        let route = route.clone();
+        let store = stores.vas.clone();
+        run_watch(
+            Api::<VolumeAttachment>::all(client.clone()),
+            va_writer,
+            move |event| match event {
+                watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
+                    let old = store.get(&ObjectRef::from_obj(va));
+                    route.va_applied(old.as_deref(), va);
+                }
+                watcher::Event::Delete(va) => route.va_deleted(va),
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            },
+            shutdown.clone(),
+        )
+        .instrument(tracing::info_span!("watch", kind = "VolumeAttachment"))
+    };
+    let pv_task = {
+        let route = route.clone();
+        run_watch(
+            Api::<PersistentVolume>::all(client.clone()),
+            pv_writer,
+            move |event| match event {
+                watcher::Event::Apply(pv) | watcher::Event::InitApply(pv) => route.pv_applied(pv),
+                _ => {}
+            },
+            shutdown.clone(),
+        )
+        .instrument(tracing::info_span!("watch", kind = "PersistentVolume"))
+    };
+    let csinode_task = run_watch(
+        Api::<CSINode>::all(client),
+        csinode_writer,
+        |_| {},
+        shutdown.clone(),
+    )
+    .instrument(tracing::info_span!("watch", kind = "CSINode"));
+
+    let resync_task = {
+        let stores = stores.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            if resync.is_zero() {
+                return;
+            }
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                tracing::debug!("resync");
+                for va in stores.vas.state() {
+                    route.va_applied(Some(&va), &va);
+                }
+                for pv in stores.pvs.state() {
+                    route.pv_applied(&pv);
+                }
+            }
+        }
+        .instrument(tracing::info_span!("resync"))
+    };
+
+    let all = async move {
+        tokio::join!(va_task, pv_task, csinode_task, resync_task);
+    };
+    (stores, all)
+}
+
+/// Drives one watch into its store, calling `on_event` for each event before
+/// the store applies it (so the store still holds the previous copy).
+async fn run_watch<K, F>(
+    api: Api<K>,
+    mut writer: reflector::store::Writer<K>,
+    on_event: F,
+    shutdown: CancellationToken,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + serde::de::DeserializeOwned
+        + 'static,
+    F: Fn(&watcher::Event<K>),
+{
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|obj: &mut K| obj.managed_fields_mut().clear());
+    let mut stream: std::pin::Pin<
+        Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
+    > = Box::pin(stream);
+    loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(event)) => {
+                on_event(&event);
+                writer.apply_watcher_event(&event);
+            }
+            Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with backoff"),
+            None => return,
+        }
+    }
+}
