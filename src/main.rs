@@ -1,9 +1,13 @@
 //! The `attacher-hub` binary: parse arguments, set up logging, run the hub.
 
-use clap::Parser;
-
 fn main() {
-    let args = attacher_hub::cli::Args::parse();
-    attacher_hub::telemetry::init(attacher_hub::telemetry::Format::Text, "info");
-    tracing::info!(csi_address = %args.csi_address, "attacher-hub starting; the controller is not built yet");
+    let (args, warnings) = attacher_hub::cli::parse_env_or_exit();
+    attacher_hub::telemetry::init_with_verbosity(args.logging.format, args.logging.verbosity);
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    tracing::info!(
+        ?args,
+        "attacher-hub starting; the controller is not built yet"
+    );
 }

@@ -1,8 +1,11 @@
 //! Logging set-up: `tracing` with a plain-text or JSON formatter on stderr.
+//!
+//! klog's `-v` verbosity maps to `tracing` levels with [`directive_for_verbosity`]; `RUST_LOG`,
+//! when set, overrides it.
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-/// Log output format.
+/// Log output format (`--logging-format`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Format {
     /// Human-readable text (the default, like klog's text format).
@@ -10,6 +13,54 @@ pub enum Format {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// Crates whose own logging is noise at ordinary verbosity: kept at `warn` below
+/// [`LIBRARY_DEBUG_VERBOSITY`].
+const LIBRARY_TARGETS: &[&str] = &[
+    "kube",
+    "kube_client",
+    "kube_runtime",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "tonic",
+    "tower",
+    "rustls",
+];
+
+/// From this `-v` on, the libraries in [`LIBRARY_TARGETS`] log at `debug` (klog's `-v=6` is where
+/// client-go starts logging its HTTP requests).
+const LIBRARY_DEBUG_VERBOSITY: u32 = 6;
+
+/// From this `-v` on, the libraries log at `trace` (klog's `-v=8` logs request and response
+/// bodies).
+const LIBRARY_TRACE_VERBOSITY: u32 = 8;
+
+/// The filter directive for a klog verbosity: `0` → `info`; `1`–`3` → `debug` for this crate;
+/// `4` and above → `trace` for this crate. Kubernetes, HTTP and gRPC libraries stay at `warn`
+/// below `-v=6`, log at `debug` from 6 and at `trace` from 8.
+pub fn directive_for_verbosity(verbosity: u32) -> String {
+    let own = match verbosity {
+        0 => "info",
+        1..=3 => "debug",
+        _ => "trace",
+    };
+    let libraries = match verbosity {
+        v if v >= LIBRARY_TRACE_VERBOSITY => "trace",
+        v if v >= LIBRARY_DEBUG_VERBOSITY => "debug",
+        _ => "warn",
+    };
+    let mut directive = format!("info,attacher_hub={own},mock_csi_driver={own}");
+    for target in LIBRARY_TARGETS {
+        directive.push_str(&format!(",{target}={libraries}"));
+    }
+    directive
+}
+
+/// Installs the global subscriber for a klog verbosity (see [`directive_for_verbosity`]).
+pub fn init_with_verbosity(format: Format, verbosity: u32) {
+    init(format, &directive_for_verbosity(verbosity));
 }
 
 /// Installs the global subscriber. `default_directive` applies when `RUST_LOG`
@@ -28,4 +79,28 @@ pub fn init(format: Format, default_directive: &str) {
     };
     // A second init (tests) keeps the first subscriber.
     drop(result);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbosity_maps_to_levels() {
+        assert!(directive_for_verbosity(0).starts_with("info,attacher_hub=info,"));
+        assert!(directive_for_verbosity(2).contains("attacher_hub=debug"));
+        assert!(directive_for_verbosity(5).contains("attacher_hub=trace"));
+        assert!(directive_for_verbosity(5).contains("kube=warn"));
+        assert!(directive_for_verbosity(5).contains("tonic=warn"));
+        assert!(directive_for_verbosity(6).contains("hyper=debug"));
+        assert!(directive_for_verbosity(10).contains("kube=trace"));
+    }
+
+    #[test]
+    fn every_directive_is_a_valid_filter() {
+        for v in [0, 1, 4, 6, 8, u32::MAX] {
+            let directive = directive_for_verbosity(v);
+            assert!(EnvFilter::try_new(&directive).is_ok(), "{directive}");
+        }
+    }
 }
