@@ -1,0 +1,231 @@
+//! The `attacher-hub` binary's command line: exit codes and output, as external-attacher's.
+
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the attacher-hub binary runs")
+}
+
+/// What a case expects: the exit code and a text that stdout or stderr must contain.
+struct Case {
+    args: &'static [&'static str],
+    code: i32,
+    stdout: &'static str,
+    stderr: &'static str,
+}
+
+const fn case(
+    args: &'static [&'static str],
+    code: i32,
+    stdout: &'static str,
+    stderr: &'static str,
+) -> Case {
+    Case {
+        args,
+        code,
+        stdout,
+        stderr,
+    }
+}
+
+const USAGE: &str = "Usage of ";
+
+#[test]
+fn exit_codes_and_output_match_external_attacher() {
+    let version = format!(" v{}\n", env!("CARGO_PKG_VERSION"));
+    let cases = [
+        case(&["--help"], 0, "", USAGE),
+        case(&["-help"], 0, "", USAGE),
+        case(&["-h"], 0, "", USAGE),
+        case(&["--version"], 0, "", ""),
+        case(&["-version"], 0, "", ""),
+        case(
+            &["--no-such-flag"],
+            2,
+            "",
+            "flag provided but not defined: -no-such-flag\nUsage of ",
+        ),
+        case(
+            &["--timeout=10"],
+            2,
+            "",
+            "invalid value \"10\" for flag -timeout: parse error",
+        ),
+        case(
+            &["-resync", "soon"],
+            2,
+            "",
+            "invalid value \"soon\" for flag -resync: parse error",
+        ),
+        case(
+            &["--worker-threads=0"],
+            1,
+            "",
+            "Option -worker-threads must be greater than zero",
+        ),
+        case(
+            &["-worker-threads=-1"],
+            2,
+            "",
+            "invalid value \"-1\" for flag -worker-threads: parse error",
+        ),
+        case(
+            &["--metrics-address=:8080", "--http-endpoint=:8081"],
+            1,
+            "",
+            "Only one of `--metrics-address` and `--http-endpoint` can be set",
+        ),
+        case(
+            &["--feature-gates=NoSuchGate=true"],
+            1,
+            "",
+            "unrecognized feature gate: NoSuchGate",
+        ),
+        case(&["--leader-election=maybe"], 2, "", "invalid boolean value"),
+        case(&["--logging-format=xml"], 1, "", "--logging-format"),
+        case(&["--log-text-split-stream"], 1, "", "LoggingAlphaOptions"),
+    ];
+    for case in cases {
+        let out = run(case.args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(case.code),
+            "{:?}: stderr {stderr}",
+            case.args
+        );
+        assert!(
+            stdout.contains(case.stdout),
+            "{:?}: stdout {stdout:?}",
+            case.args
+        );
+        assert!(
+            stderr.contains(case.stderr),
+            "{:?}: stderr {stderr:?}",
+            case.args
+        );
+        if case.args[0].ends_with("version") {
+            assert!(stdout.ends_with(&version), "{:?}: {stdout:?}", case.args);
+            assert!(
+                stdout.starts_with(env!("CARGO_BIN_EXE_attacher-hub")),
+                "argv[0] first: {stdout:?}"
+            );
+        }
+        if case.code != 0 || case.stderr == USAGE {
+            assert!(stdout.is_empty(), "{:?}: stdout {stdout:?}", case.args);
+        }
+    }
+}
+
+#[test]
+fn usage_lists_every_external_attacher_flag() {
+    let out = run(&["--help"]);
+    let usage = String::from_utf8_lossy(&out.stderr);
+    for flag in [
+        "resync",
+        "timeout",
+        "retry-interval-start",
+        "retry-interval-max",
+        "worker-threads",
+        "max-entries",
+        "default-fstype",
+        "reconcile-sync",
+        "max-grpc-log-length",
+        "feature-gates",
+        "version",
+        "kubeconfig",
+        "csi-address",
+        "leader-election",
+        "leader-election-namespace",
+        "leader-election-lease-duration",
+        "leader-election-renew-deadline",
+        "leader-election-retry-period",
+        "leader-election-labels",
+        "kube-api-qps",
+        "kube-api-burst",
+        "http-endpoint",
+        "metrics-address",
+        "metrics-path",
+        "automaxprocs",
+        "v",
+        "vmodule",
+        "logging-format",
+        "log-flush-frequency",
+    ] {
+        assert!(
+            usage
+                .lines()
+                .any(|line| line.split_whitespace().next() == Some(&format!("-{flag}"))),
+            "-{flag} missing from the usage"
+        );
+    }
+}
+
+/// The argument lists of real manifests start the binary (which, until the controller is wired,
+/// logs its configuration and exits 0); legacy klog flags produce a warning.
+#[test]
+fn manifest_argument_lists_start_the_binary() {
+    let manifests: [&[&str]; 3] = [
+        // external-attacher's example Deployment, $(ADDRESS) substituted.
+        &[
+            "--v=5",
+            "--csi-address=/var/lib/csi/sockets/pluginproxy/csi.sock",
+            "--leader-election",
+            "--http-endpoint=:8080",
+        ],
+        // An old (v2.x era) manifest.
+        &[
+            "--v=5",
+            "--csi-address=/csi/csi.sock",
+            "--leader-election=true",
+            "--retry-interval-start=500ms",
+            "--logtostderr",
+        ],
+        // A v4.12 manifest.
+        &[
+            "-v=2",
+            "-csi-address=/csi/csi.sock",
+            "-leader-election",
+            "-leader-election-namespace=kube-system",
+            "-http-endpoint=:8080",
+            "-timeout=60s",
+            "-worker-threads=20",
+            "-kube-api-qps=50",
+            "-kube-api-burst=100",
+            "-feature-gates=ReleaseLeaderElectionOnExit=true",
+            "-automaxprocs",
+        ],
+    ];
+    for args in manifests {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("attacher-hub starting"),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(
+            stderr.contains("logtostderr"),
+            args.contains(&"--logtostderr"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn logging_format_json_gives_json_lines() {
+    let out = run(&["--logging-format=json", "--logtostderr"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines.len() >= 2, "{stderr}");
+    for line in lines {
+        let value: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
+        assert!(value.get("level").is_some(), "{line}");
+    }
+}
