@@ -14,10 +14,13 @@
 //! client layer; `mock` is the project's own mock CSI driver, used by tests and
 //! benchmarks and shipped as the `mock-csi-driver` binary.
 
+pub mod budget;
 pub mod cli;
 pub mod controller;
 pub mod csi;
 pub mod http;
+pub mod k8s;
+pub mod leader;
 pub mod metrics;
 pub mod mock;
 pub mod queue;

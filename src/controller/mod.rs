@@ -11,4 +11,9 @@
 //! calling the driver and writing to the API server belong to the callers.
 
 pub mod attachment;
+pub mod csi_handler;
+pub mod handler;
 pub mod predicate;
+pub mod trivial_handler;
+
+pub use handler::Handler;

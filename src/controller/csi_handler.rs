@@ -1,0 +1,537 @@
+//! The CSI handler: attach, detach, PV finalizers and the ListVolumes
+//! reconciler, as external-attacher's `csi_handler.go` does them (spec
+//! sections 3 and 5).
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Mutex,
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+
+use super::attachment::{self, Source};
+use crate::{
+    csi::{self, Capabilities, DriverClient, PublishRequest, Secrets, UnpublishRequest},
+    k8s::{self, Writer},
+    router::Stores,
+};
+
+/// Why a sync failed. The `Display` text is exactly what external-attacher
+/// saves in `attachError.message` / `detachError.message`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The volume could not be resolved (source, PV, translation, capability).
+    #[error(transparent)]
+    Volume(#[from] attachment::Error),
+    /// No CSI node ID for the node.
+    #[error(transparent)]
+    NodeId(#[from] attachment::NodeIdError),
+    /// Adding the PV finalizer failed.
+    #[error("could not add PersistentVolume finalizer: {0}")]
+    PvFinalizer(String),
+    /// Reading the publish secret failed.
+    #[error("failed to load secret \"{namespace}/{name}\": {message}")]
+    Secret {
+        /// Secret namespace.
+        namespace: String,
+        /// Secret name.
+        name: String,
+        /// The API error text.
+        message: String,
+    },
+    /// Saving the finalizer and node-ID annotation on the VA failed.
+    #[error("could not save VolumeAttachment: {0}")]
+    SaveVa(String),
+    /// The CSI call failed.
+    #[error(transparent)]
+    Csi(#[from] csi::CallError),
+    /// Writing `attached: true` failed.
+    #[error("failed to mark as attached: {0}")]
+    MarkAttached(String),
+    /// Removing the finalizer or writing `attached: false` failed.
+    #[error("could not mark as detached: {0}")]
+    MarkDetached(String),
+    /// Removing the PV finalizer failed.
+    #[error("failed to remove finalizer from PersistentVolume: {0}")]
+    RemovePvFinalizer(String),
+    /// Writing the status of the trivial handler failed.
+    #[error("failed to mark as attached: {0}")]
+    Trivial(String),
+}
+
+impl Error {
+    /// The gRPC code to save as `attachError.errorCode` (CSI errors only).
+    pub fn grpc_code(&self) -> Option<i32> {
+        match self {
+            Self::Csi(e) => Some(e.code() as i32),
+            _ => None,
+        }
+    }
+
+    /// A bounded label for metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Volume(e) => e.metric_label(),
+            Self::NodeId(_) => "node_id",
+            Self::PvFinalizer(_) => "pv_finalizer",
+            Self::Secret { .. } => "secret",
+            Self::SaveVa(_) => "save_va",
+            Self::Csi(_) => "csi",
+            Self::MarkAttached(_) => "mark_attached",
+            Self::MarkDetached(_) => "mark_detached",
+            Self::RemovePvFinalizer(_) => "remove_pv_finalizer",
+            Self::Trivial(_) => "trivial",
+        }
+    }
+}
+
+/// Settings of the CSI handler.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Deadline of ControllerPublish/Unpublish and of one reconcile pass.
+    pub timeout: Duration,
+    /// fsType when the PV has none (`--default-fstype`).
+    pub default_fstype: String,
+    /// `max_entries` of ListVolumes (`--max-entries`).
+    pub max_entries: i32,
+    /// Whether `errorCode` is written (feature gate MutableCSINodeAllocatableCount).
+    pub save_error_code: bool,
+}
+
+/// Attach and detach for a driver with PUBLISH_UNPUBLISH_VOLUME.
+#[derive(Debug)]
+pub struct CsiHandler {
+    /// The driver name (`spec.attacher`).
+    driver: String,
+    /// Calls to the driver.
+    client: DriverClient,
+    /// What the driver can do.
+    caps: Capabilities,
+    /// API writes.
+    writer: Writer,
+    /// The shared caches.
+    stores: Stores,
+    /// Timeouts and defaults.
+    config: Config,
+    /// VAs the reconciler found out of sync; consumed by the next sync.
+    force_sync: Mutex<HashSet<String>>,
+    /// VA name → UID of VAs we marked attached whose echo has not reached the
+    /// cache yet; stops a second ControllerPublish caused by our own writes
+    /// (spec 3.12).
+    attached: Mutex<HashMap<String, String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+impl CsiHandler {
+    /// A handler for `driver`.
+    pub fn new(
+        driver: String,
+        client: DriverClient,
+        caps: Capabilities,
+        writer: Writer,
+        stores: Stores,
+        config: Config,
+    ) -> Self {
+        Self {
+            driver,
+            client,
+            caps,
+            writer,
+            stores,
+            config,
+            force_sync: Mutex::new(HashSet::new()),
+            attached: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Forgets per-VA memory of a VA that is gone or changed by someone else.
+    pub fn observe_va(&self, va: &VolumeAttachment) {
+        let name = va.metadata.name.as_deref().unwrap_or_default();
+        let settled = va.status.as_ref().is_some_and(|s| s.attached)
+            || va.metadata.deletion_timestamp.is_some();
+        if settled {
+            lock(&self.attached).remove(name);
+        }
+    }
+
+    /// Drops per-VA memory of a deleted VA.
+    pub fn va_deleted(&self, name: &str) {
+        lock(&self.attached).remove(name);
+        lock(&self.force_sync).remove(name);
+    }
+
+    fn take_force_sync(&self, name: &str) -> bool {
+        lock(&self.force_sync).remove(name)
+    }
+
+    /// `syncAttach` (spec 3.5).
+    pub async fn sync_attach(&self, va: &VolumeAttachment) -> Result<(), Error> {
+        let name = va.metadata.name.clone().unwrap_or_default();
+        let forced = self.take_force_sync(&name);
+        if !forced {
+            if va.status.as_ref().is_some_and(|s| s.attached) {
+                return Ok(());
+            }
+            let uid = va.metadata.uid.clone().unwrap_or_default();
+            if lock(&self.attached).get(&name) == Some(&uid) {
+                tracing::debug!("already marked attached; waiting for the watch to catch up");
+                return Ok(());
+            }
+        }
+        match self.csi_attach(va).await {
+            Ok(context) => {
+                let context: BTreeMap<String, String> = context.into_iter().collect();
+                let patch = attachment::attached_status_patch(va, &context);
+                if patch.as_object().is_some_and(|o| !o.is_empty()) {
+                    self.writer
+                        .merge_va_status(&name, &patch)
+                        .await
+                        .map_err(|e| Error::MarkAttached(k8s::error_text(&e)))?;
+                }
+                lock(&self.attached).insert(name, va.metadata.uid.clone().unwrap_or_default());
+                tracing::info!("attached");
+                Ok(())
+            }
+            Err(error) => {
+                let code = if self.config.save_error_code {
+                    error.grpc_code()
+                } else {
+                    None
+                };
+                let patch = attachment::attach_error_patch(&error.to_string(), &now(), code);
+                if let Err(e) = self.writer.merge_va_status(&name, &patch).await {
+                    tracing::warn!(error = %k8s::error_text(&e), "could not save attach error");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn csi_attach(&self, va: &VolumeAttachment) -> Result<HashMap<String, String>, Error> {
+        let volume = match attachment::va_source(va)? {
+            Source::PersistentVolume(pv_name) => {
+                let pv = self
+                    .stores
+                    .pv(pv_name)
+                    .ok_or_else(|| attachment::Error::PvNotFound {
+                        name: pv_name.to_string(),
+                    })?;
+                attachment::check_pv_attachable(&pv)?;
+                self.ensure_pv_finalizer(&pv).await?;
+                attachment::pv_volume(&pv)?
+            }
+            Source::Inline(spec) => attachment::Volume {
+                spec: spec.clone(),
+                migrated: true,
+            },
+        };
+        let csi_source = volume.csi()?;
+        let capability = attachment::volume_capability(
+            &volume.spec,
+            &self.config.default_fstype,
+            self.caps.single_node_multi_writer,
+        )?;
+        let readonly = attachment::readonly(csi_source, self.caps.publish_readonly);
+        let secrets = self
+            .secrets(csi_source.controller_publish_secret_ref.as_ref())
+            .await?;
+        let node_name = &va.spec.node_name;
+        let csinode = self.stores.csinode(node_name);
+        let node_id = attachment::node_id(&self.driver, node_name, csinode.as_deref(), None)?;
+
+        if let Some(patch) = attachment::va_metadata_patch(va, &self.driver, &node_id) {
+            let name = va.metadata.name.as_deref().unwrap_or_default();
+            self.writer
+                .merge_va(name, &patch)
+                .await
+                .map_err(|e| Error::SaveVa(k8s::error_text(&e)))?;
+        }
+
+        let request = PublishRequest {
+            volume_id: csi_source.volume_handle.clone(),
+            node_id,
+            capability,
+            readonly,
+            volume_context: csi_source
+                .volume_attributes
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+            secrets,
+            migrated: volume.migrated,
+        };
+        tracing::debug!(volume = %request.volume_id, node = %request.node_id, "ControllerPublishVolume");
+        Ok(self.client.publish(request, self.config.timeout).await?)
+    }
+
+    async fn ensure_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), Error> {
+        let Some(patch) = attachment::pv_finalizer_add_patch(pv, &self.driver) else {
+            return Ok(());
+        };
+        let name = pv.metadata.name.as_deref().unwrap_or_default();
+        self.writer
+            .json_patch_pv(name, patch)
+            .await
+            .map_err(|e| Error::PvFinalizer(k8s::error_text(&e)))?;
+        Ok(())
+    }
+
+    async fn secrets(
+        &self,
+        secret_ref: Option<&k8s_openapi::api::core::v1::SecretReference>,
+    ) -> Result<Option<Secrets>, Error> {
+        let Some(r) = secret_ref else { return Ok(None) };
+        let namespace = r.namespace.clone().unwrap_or_default();
+        let name = r.name.clone().unwrap_or_default();
+        match self.writer.secret_data(&namespace, &name).await {
+            Ok(data) => Ok(Some(Secrets::new(data))),
+            Err(e) => Err(Error::Secret {
+                namespace,
+                name,
+                message: k8s::error_text(&e),
+            }),
+        }
+    }
+
+    /// `syncDetach` (spec 3.6).
+    pub async fn sync_detach(&self, va: &VolumeAttachment) -> Result<(), Error> {
+        let name = va.metadata.name.clone().unwrap_or_default();
+        let forced = self.take_force_sync(&name);
+        let finalizer = attachment::finalizer_name(&self.driver);
+        let has_finalizer = va
+            .metadata
+            .finalizers
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&finalizer);
+        if !forced && !has_finalizer {
+            return Ok(());
+        }
+        let result = match self.csi_detach(va).await {
+            Ok(()) => self.mark_as_detached(va).await,
+            Err(e) => Err(e),
+        };
+        if let Err(error) = &result {
+            let patch = attachment::detach_error_patch(&error.to_string(), &now());
+            if let Err(e) = self.writer.merge_va_status(&name, &patch).await
+                && !k8s::is_not_found(&e)
+            {
+                tracing::warn!(error = %k8s::error_text(&e), "could not save detach error");
+            }
+        } else {
+            tracing::info!("detached");
+        }
+        result
+    }
+
+    async fn csi_detach(&self, va: &VolumeAttachment) -> Result<(), Error> {
+        let volume = attachment::volume_source(va, |n| self.stores.pv(n))?;
+        let csi_source = volume.csi()?;
+        let secrets = self
+            .secrets(csi_source.controller_publish_secret_ref.as_ref())
+            .await?;
+        let node_name = &va.spec.node_name;
+        let csinode = self.stores.csinode(node_name);
+        let node_id = attachment::node_id(&self.driver, node_name, csinode.as_deref(), Some(va))?;
+        let request = UnpublishRequest {
+            volume_id: csi_source.volume_handle.clone(),
+            node_id,
+            secrets,
+            migrated: volume.migrated,
+        };
+        tracing::debug!(volume = %request.volume_id, node = %request.node_id, "ControllerUnpublishVolume");
+        Ok(self.client.unpublish(request, self.config.timeout).await?)
+    }
+
+    /// `markAsDetached`: our finalizer first, then the status (spec 3.6 step 5).
+    async fn mark_as_detached(&self, va: &VolumeAttachment) -> Result<(), Error> {
+        let name = va.metadata.name.as_deref().unwrap_or_default();
+        if let Some(patch) = attachment::va_finalizer_removal_patch(va, &self.driver) {
+            self.writer
+                .merge_va(name, &patch)
+                .await
+                .map_err(|e| Error::MarkDetached(k8s::error_text(&e)))?;
+        }
+        if let Some(patch) = attachment::detached_status_patch(va) {
+            match self.writer.merge_va_status(name, &patch).await {
+                Ok(_) => {}
+                Err(e) if k8s::is_not_found(&e) => {}
+                Err(e) => return Err(Error::MarkDetached(k8s::error_text(&e))),
+            }
+        }
+        lock(&self.attached).remove(name);
+        Ok(())
+    }
+
+    /// `SyncNewOrUpdatedPersistentVolume` (spec 3.8): removes our PV finalizer
+    /// once the PV is being deleted and no VA names it.
+    pub async fn sync_pv(&self, pv: &PersistentVolume) -> Result<(), Error> {
+        let vas = self.stores.vas.state();
+        let Some(index) =
+            attachment::pv_needs_finalizer_removal(pv, &self.driver, vas.iter().map(|v| &**v))
+        else {
+            return Ok(());
+        };
+        let name = pv.metadata.name.as_deref().unwrap_or_default();
+        self.writer
+            .json_patch_pv(
+                name,
+                attachment::pv_finalizer_removal_patch(index, &self.driver),
+            )
+            .await
+            .map_err(|e| Error::RemovePvFinalizer(k8s::error_text(&e)))?;
+        tracing::info!(pv = name, "removed PersistentVolume finalizer");
+        Ok(())
+    }
+
+    /// One pass of the ListVolumes reconciler (spec section 5): the names of
+    /// VAs whose `attached` disagrees with what the driver reports. They are
+    /// marked for a forced sync; the caller enqueues them. Writes nothing.
+    pub async fn reconcile(&self) -> Result<Vec<String>, csi::CallError> {
+        if !self.caps.can_reconcile() {
+            return Ok(Vec::new());
+        }
+        let vas = self.stores.vas.state();
+        let published = self
+            .client
+            .list_published(self.config.max_entries, self.config.timeout)
+            .await?;
+        let mut out_of_sync = Vec::new();
+        for va in vas.iter().filter(|va| va.spec.attacher == self.driver) {
+            let Some(name) = va.metadata.name.clone() else {
+                continue;
+            };
+            let node_name = &va.spec.node_name;
+            let csinode = self.stores.csinode(node_name);
+            let Ok(node_id) =
+                attachment::node_id(&self.driver, node_name, csinode.as_deref(), Some(va))
+            else {
+                continue;
+            };
+            let Ok(volume) = attachment::volume_source(va, |n| self.stores.pv(n)) else {
+                continue;
+            };
+            let Ok(csi_source) = volume.csi() else {
+                continue;
+            };
+            let handle = if volume.migrated {
+                match repair_volume_handle(&self.driver, &csi_source.volume_handle, &node_id) {
+                    Some(h) => h,
+                    None => continue,
+                }
+            } else {
+                csi_source.volume_handle.clone()
+            };
+            let found = published
+                .get(&handle)
+                .is_some_and(|nodes| nodes.iter().any(|n| *n == node_id));
+            let attached = va.status.as_ref().is_some_and(|s| s.attached);
+            if found != attached {
+                tracing::info!(va = %name, published = found, attached, "VolumeAttachment attached status and actual state do not match");
+                lock(&self.force_sync).insert(name.clone());
+                out_of_sync.push(name);
+            }
+        }
+        Ok(out_of_sync)
+    }
+}
+
+/// csi-translation-lib's `RepairVolumeHandle` as the reconciler uses it for
+/// migrated and inline volumes: `None` (skip the VA) for drivers that are not
+/// migration targets; GCE PD fills an `UNSPECIFIED` project (and zone) from
+/// the node ID; every other migration driver keeps the handle.
+fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Option<String> {
+    const GCE_PD: &str = "pd.csi.storage.gke.io";
+    const UNSPECIFIED: &str = "UNSPECIFIED";
+    if !attachment::is_migration_driver(driver) {
+        return None;
+    }
+    if driver != GCE_PD {
+        return Some(handle.to_string());
+    }
+    // projects/<project>/{zones|regions}/<location>/disks/<name>
+    let tok: Vec<&str> = handle.split('/').collect();
+    if node_id.is_empty() || tok.len() < 6 {
+        return None;
+    }
+    if tok[1] != UNSPECIFIED {
+        return Some(handle.to_string());
+    }
+    // projects/<project>/zones/<zone>/instances/<name>
+    let node: Vec<&str> = node_id.split('/').collect();
+    if node.len() < 6 {
+        return None;
+    }
+    match tok[2] {
+        "zones" => {
+            let zone = if tok[3] == UNSPECIFIED {
+                node[3]
+            } else {
+                tok[3]
+            };
+            Some(format!(
+                "projects/{}/zones/{zone}/disks/{}",
+                node[1], tok[5]
+            ))
+        }
+        "regions" => Some(format!(
+            "projects/{}/regions/{}/disks/{}",
+            node[1], tok[3], tok[5]
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gce_pd_handles_get_project_and_zone_from_the_node() {
+        let node = "projects/p1/zones/us-central1-a/instances/n1";
+        assert_eq!(
+            repair_volume_handle(
+                "pd.csi.storage.gke.io",
+                "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d",
+                node
+            )
+            .as_deref(),
+            Some("projects/p1/zones/us-central1-a/disks/d")
+        );
+        assert_eq!(
+            repair_volume_handle(
+                "pd.csi.storage.gke.io",
+                "projects/UNSPECIFIED/regions/us-central1/disks/d",
+                node
+            )
+            .as_deref(),
+            Some("projects/p1/regions/us-central1/disks/d")
+        );
+        assert_eq!(
+            repair_volume_handle("pd.csi.storage.gke.io", "projects/p2/zones/z/disks/d", node)
+                .as_deref(),
+            Some("projects/p2/zones/z/disks/d")
+        );
+    }
+
+    #[test]
+    fn other_migration_drivers_keep_the_handle_and_non_migration_drivers_are_skipped() {
+        assert_eq!(
+            repair_volume_handle("ebs.csi.aws.com", "vol-1", "i-1").as_deref(),
+            Some("vol-1")
+        );
+        assert_eq!(repair_volume_handle("hostpath.csi.k8s.io", "v", "n"), None);
+    }
+}

@@ -1,0 +1,65 @@
+//! The handler a driver gets from its capabilities (spec 2.12-13).
+
+use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
+
+use super::{
+    csi_handler::{CsiHandler, Error},
+    trivial_handler::TrivialHandler,
+};
+use crate::csi;
+
+/// CSI handler for drivers that attach, trivial handler for the others.
+#[derive(Debug)]
+pub enum Handler {
+    /// ControllerPublish/Unpublish, finalizers, reconciler.
+    Csi(CsiHandler),
+    /// Marks VAs attached; nothing else.
+    Trivial(TrivialHandler),
+}
+
+impl Handler {
+    /// Whether detaches go through ControllerUnpublish (only the CSI handler
+    /// has a detach path; the trivial handler treats every VA alike).
+    pub fn detaches(&self) -> bool {
+        matches!(self, Self::Csi(_))
+    }
+
+    /// `syncVA`: attach or detach depending on the deletion timestamp.
+    pub async fn sync_va(&self, va: &VolumeAttachment) -> Result<(), Error> {
+        match self {
+            Self::Csi(h) if va.metadata.deletion_timestamp.is_some() => h.sync_detach(va).await,
+            Self::Csi(h) => h.sync_attach(va).await,
+            Self::Trivial(h) => h.sync_va(va).await,
+        }
+    }
+
+    /// `syncPV`: PV finalizer removal (nothing for the trivial handler).
+    pub async fn sync_pv(&self, pv: &PersistentVolume) -> Result<(), Error> {
+        match self {
+            Self::Csi(h) => h.sync_pv(pv).await,
+            Self::Trivial(_) => Ok(()),
+        }
+    }
+
+    /// Lets the handler drop memory about a VA that changed.
+    pub fn observe_va(&self, va: &VolumeAttachment) {
+        if let Self::Csi(h) = self {
+            h.observe_va(va);
+        }
+    }
+
+    /// Lets the handler drop memory about a deleted VA.
+    pub fn va_deleted(&self, name: &str) {
+        if let Self::Csi(h) = self {
+            h.va_deleted(name);
+        }
+    }
+
+    /// One reconciler pass: names of VAs to force-sync.
+    pub async fn reconcile(&self) -> Result<Vec<String>, csi::CallError> {
+        match self {
+            Self::Csi(h) => h.reconcile().await,
+            Self::Trivial(_) => Ok(Vec::new()),
+        }
+    }
+}
