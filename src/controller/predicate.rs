@@ -99,14 +99,24 @@ mod tests {
     #[test]
     fn va_changes_are_enqueued_only_when_they_matter() {
         let cases: Vec<(&str, VolumeAttachment, VolumeAttachment, bool)> = vec![
-            ("a resync with no change is enqueued", va("1"), va("1"), true),
+            (
+                "a resync with no change is enqueued",
+                va("1"),
+                va("1"),
+                true,
+            ),
             (
                 "a resync of a VA with an error is enqueued",
                 with_attach_error(va("1"), "e"),
                 with_attach_error(va("1"), "e"),
                 true,
             ),
-            ("an update without errors is enqueued", va("1"), va("2"), true),
+            (
+                "an update without errors is enqueued",
+                va("1"),
+                va("2"),
+                true,
+            ),
             (
                 "an update that only adds an attach error is not enqueued",
                 va("1"),
