@@ -1,0 +1,1179 @@
+//! Lease-based leader election with client-go's `LeaderElector` / `LeaseLock` semantics.
+//!
+//! attacher-hub and the Go external-attacher must be able to contend for the *same*
+//! `coordination.k8s.io/v1` Lease (`external-attacher-leader-<sanitized driver>`, spec §7.1)
+//! without ever both leading. So this module writes the Lease exactly as client-go does:
+//!
+//! * every `retry_period` (jittered by up to [`JITTER_FACTOR`] × `retry_period` while
+//!   acquiring), *try to acquire or renew*: GET the Lease; if it does not exist, create it;
+//!   otherwise remember the record and the **local** instant at which it last changed. A Lease
+//!   whose holder is someone else and whose record changed less than `lease_duration` ago
+//!   (measured on our monotonic clock, so clock skew between nodes does not matter) is left
+//!   alone. Otherwise it is replaced carrying the `resourceVersion` that was read, so a
+//!   `409 Conflict` means that another candidate won the race;
+//! * the leader renews every `retry_period` (first with an update from its cached Lease, the
+//!   "fast path", then with a GET as above); if renewals keep failing for `renew_deadline` it
+//!   stops leading. Because `renew_deadline < lease_duration`, it has stopped before any other
+//!   candidate can consider the Lease expired;
+//! * on cancellation with `release_on_cancel`, the leader first publishes
+//!   [`Leadership::Standby`] and then writes an empty holder with `leaseDurationSeconds: 1`, so a
+//!   waiting candidate (Go or Rust) takes over on its next attempt.
+//!
+//! Leadership is published as a [`tokio::sync::watch`] value (STYLE rule 10): controllers start
+//! their work when it becomes [`Leadership::Leading`] and stop when it changes away from it.
+//! Unlike client-go, whose run loop ends (and external-attacher exits) after leadership is lost,
+//! the elector goes back to competing; the caller decides whether a loss is fatal.
+//!
+//! The Kubernetes client passed to [`LeaderElector::new`] should be a **separate** client from the
+//! one the controllers use (external-attacher does this since v3.0, issue #241), so that a
+//! throttled or busy controller client cannot cost the lease. Building it is the caller's job.
+//!
+//! Not reproduced from client-go: leader-election Events (the reference RBAC does not grant them,
+//! so external-attacher's event writes fail anyway) and the `leader_election_*` metrics.
+
+use std::collections::BTreeMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+/// client-go's default `LeaseDuration` (`--leader-election-lease-duration`).
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+
+/// client-go's default `RenewDeadline` (`--leader-election-renew-deadline`).
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+
+/// client-go's default `RetryPeriod` (`--leader-election-retry-period`).
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(5);
+
+/// client-go's `JitterFactor`: an acquire attempt waits `retry_period × (1 + r × 1.2)` with a
+/// random `r ∈ [0, 1)` before the next one. The renew deadline must exceed
+/// `JITTER_FACTOR × retry_period`.
+pub const JITTER_FACTOR: f64 = 1.2;
+
+/// How long past `lease_duration` a leader may go without a successful renewal before
+/// `/healthz/leader-election` reports it unhealthy (client-go's `HealthzAdaptor` timeout as used by
+/// external-attacher, spec §7.3).
+pub const HEALTH_TOLERANCE: Duration = Duration::from_secs(20);
+
+/// Namespace of the pod, written by the kubelet into every service-account volume.
+const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// Result type of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of leader election. None of them is fatal to the elector: failed API calls are retried
+/// every `retry_period`, as client-go does.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is invalid; see [`ConfigError`].
+    #[error("invalid leader-election configuration")]
+    Config(#[from] ConfigError),
+    /// The host name could not be read to build the default identity.
+    #[error("cannot read the host name for the leader-election identity")]
+    Hostname(#[source] std::io::Error),
+    /// Reading the Lease failed (other than NotFound).
+    #[error("cannot get Lease {namespace}/{name}")]
+    Get {
+        /// Lease namespace.
+        namespace: String,
+        /// Lease name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating the Lease failed (an AlreadyExists means another candidate created it first).
+    #[error("cannot create Lease {namespace}/{name}")]
+    Create {
+        /// Lease namespace.
+        namespace: String,
+        /// Lease name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Updating the Lease failed (a 409 Conflict means another candidate wrote it first).
+    #[error("cannot update Lease {namespace}/{name}")]
+    Update {
+        /// Lease namespace.
+        namespace: String,
+        /// Lease name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// An API call did not complete in time (the renew deadline, or `renew_deadline` per call
+    /// while acquiring or releasing).
+    #[error("Lease {namespace}/{name}: API call timed out")]
+    Timeout {
+        /// Lease namespace.
+        namespace: String,
+        /// Lease name.
+        name: String,
+    },
+}
+
+impl Error {
+    /// A short, bounded label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "config",
+            Error::Hostname(_) => "hostname",
+            Error::Get { .. } => "get",
+            Error::Create { .. } => "create",
+            Error::Update { .. } => "update",
+            Error::Timeout { .. } => "timeout",
+        }
+    }
+}
+
+/// An invalid leader-election configuration (client-go panics on the same combinations).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The Lease name is empty.
+    #[error("the lease name must not be empty")]
+    EmptyName,
+    /// The Lease namespace is empty.
+    #[error("the lease namespace must not be empty")]
+    EmptyNamespace,
+    /// The identity is empty.
+    #[error("the leader-election identity must not be empty")]
+    EmptyIdentity,
+    /// The lease duration is under one second (`leaseDurationSeconds` must be positive).
+    #[error("the lease duration ({0:?}) must be at least one second")]
+    LeaseDurationTooShort(Duration),
+    /// A duration is zero.
+    #[error("the {0} must be positive")]
+    NotPositive(&'static str),
+    /// `lease_duration <= renew_deadline`.
+    #[error(
+        "the lease duration ({lease_duration:?}) must be greater than the renew deadline ({renew_deadline:?})"
+    )]
+    LeaseNotLongerThanRenewDeadline {
+        /// Configured lease duration.
+        lease_duration: Duration,
+        /// Configured renew deadline.
+        renew_deadline: Duration,
+    },
+    /// `renew_deadline <= JITTER_FACTOR × retry_period`.
+    #[error(
+        "the renew deadline ({renew_deadline:?}) must be greater than {JITTER_FACTOR} × the retry period ({retry_period:?})"
+    )]
+    RenewDeadlineTooShort {
+        /// Configured renew deadline.
+        renew_deadline: Duration,
+        /// Configured retry period.
+        retry_period: Duration,
+    },
+}
+
+/// Settings of one leader elector (one Lease).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Lease name, e.g. [`lease_name`]`(driver)`.
+    pub name: String,
+    /// Lease namespace, e.g. from [`resolve_namespace`].
+    pub namespace: String,
+    /// Our `holderIdentity`; must differ between candidates (see [`default_identity`]).
+    pub identity: String,
+    /// How long a non-leader waits after the last change of the Lease before taking it over.
+    pub lease_duration: Duration,
+    /// How long the leader keeps retrying failed renewals before it stops leading.
+    pub renew_deadline: Duration,
+    /// Interval between attempts to acquire or renew.
+    pub retry_period: Duration,
+    /// Labels put on the Lease whenever this candidate writes it (`--leader-election-labels`).
+    pub labels: BTreeMap<String, String>,
+    /// Whether to vacate the Lease when the shutdown token is cancelled while leading.
+    pub release_on_cancel: bool,
+}
+
+impl Config {
+    /// A configuration with client-go's default timings, no labels and no release on cancel.
+    pub fn new(
+        name: impl Into<String>,
+        namespace: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Config {
+        Config {
+            name: name.into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            lease_duration: DEFAULT_LEASE_DURATION,
+            renew_deadline: DEFAULT_RENEW_DEADLINE,
+            retry_period: DEFAULT_RETRY_PERIOD,
+            labels: BTreeMap::new(),
+            release_on_cancel: false,
+        }
+    }
+
+    /// Checks the combinations client-go's `NewLeaderElector` rejects, plus a lease duration of
+    /// at least one second (the Lease stores whole seconds).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(ConfigError::EmptyName);
+        }
+        if self.namespace.is_empty() {
+            return Err(ConfigError::EmptyNamespace);
+        }
+        if self.identity.is_empty() {
+            return Err(ConfigError::EmptyIdentity);
+        }
+        if self.renew_deadline.is_zero() {
+            return Err(ConfigError::NotPositive("renew deadline"));
+        }
+        if self.retry_period.is_zero() {
+            return Err(ConfigError::NotPositive("retry period"));
+        }
+        if self.lease_duration < Duration::from_secs(1) {
+            return Err(ConfigError::LeaseDurationTooShort(self.lease_duration));
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return Err(ConfigError::LeaseNotLongerThanRenewDeadline {
+                lease_duration: self.lease_duration,
+                renew_deadline: self.renew_deadline,
+            });
+        }
+        if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
+            return Err(ConfigError::RenewDeadlineTooShort {
+                renew_deadline: self.renew_deadline,
+                retry_period: self.retry_period,
+            });
+        }
+        Ok(())
+    }
+
+    /// `leaseDurationSeconds` as client-go writes it: whole seconds, truncated.
+    fn lease_duration_seconds(&self) -> i32 {
+        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
+    }
+}
+
+/// This candidate's view of the election, published through a `watch` channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leadership {
+    /// We do not lead; `holder` is the identity of the current holder when known.
+    Standby {
+        /// The last observed `holderIdentity`, `None` when unknown or empty.
+        holder: Option<String>,
+    },
+    /// We hold the Lease: controllers may work.
+    Leading,
+}
+
+impl Leadership {
+    /// Whether this is [`Leadership::Leading`].
+    pub fn is_leading(&self) -> bool {
+        matches!(self, Leadership::Leading)
+    }
+}
+
+/// The leader is not renewing its Lease (client-go `HealthzAdaptor` failure).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("failed election to renew leadership on lease {lease}: last renewal {since:?} ago")]
+pub struct HealthError {
+    /// Lease name.
+    pub lease: String,
+    /// Time since the last successful renewal.
+    pub since: Duration,
+}
+
+/// Shared, cheaply clonable view of an elector for the HTTP endpoints: the current holder (for
+/// `/drivers`) and the last successful renewal (for `/healthz/leader-election`).
+#[derive(Clone, Debug)]
+pub struct Status {
+    /// Lease name, for messages.
+    lease: Arc<str>,
+    /// Our identity, so `holder()` can answer while we lead.
+    identity: Arc<str>,
+    /// Configured lease duration; the health check allows this plus a tolerance.
+    lease_duration: Duration,
+    /// Updated by the elector task; locked only for short synchronous sections.
+    inner: Arc<Mutex<StatusInner>>,
+}
+
+/// Mutable part of [`Status`].
+#[derive(Debug, Default)]
+struct StatusInner {
+    /// Whether we currently lead.
+    leading: bool,
+    /// Last observed non-empty `holderIdentity`.
+    holder: Option<String>,
+    /// Local instant of the last successful acquire or renew.
+    last_renew: Option<Instant>,
+}
+
+impl Status {
+    /// A status for `config` in which nobody is known to lead.
+    fn new(config: &Config) -> Status {
+        Status {
+            lease: config.name.as_str().into(),
+            identity: config.identity.as_str().into(),
+            lease_duration: config.lease_duration,
+            inner: Arc::default(),
+        }
+    }
+
+    /// Locks the state; a poisoned lock still holds consistent plain data.
+    fn lock(&self) -> MutexGuard<'_, StatusInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Identity of the current holder as last observed (ours while we lead).
+    pub fn holder(&self) -> Option<String> {
+        let inner = self.lock();
+        if inner.leading {
+            Some(self.identity.to_string())
+        } else {
+            inner.holder.clone()
+        }
+    }
+
+    /// Whether we currently lead.
+    pub fn is_leading(&self) -> bool {
+        self.lock().leading
+    }
+
+    /// Local instant of the last successful acquire or renew by this candidate.
+    pub fn last_renew(&self) -> Option<Instant> {
+        self.lock().last_renew
+    }
+
+    /// client-go's `LeaderElector.Check`: an error iff we lead and our last successful renewal
+    /// is older than `lease_duration + tolerance` (use [`HEALTH_TOLERANCE`]). Standbys are healthy.
+    pub fn check(&self, tolerance: Duration) -> Result<(), HealthError> {
+        let inner = self.lock();
+        if !inner.leading {
+            return Ok(());
+        }
+        let since = inner.last_renew.map_or(Duration::MAX, |at| {
+            Instant::now().saturating_duration_since(at)
+        });
+        if since > self.lease_duration.saturating_add(tolerance) {
+            return Err(HealthError {
+                lease: self.lease.to_string(),
+                since,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The fields of a Lease spec that client-go's `LeaderElectionRecord` carries; two records are
+/// compared to decide whether the Lease changed since we last looked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Record {
+    /// `holderIdentity`, empty when vacant.
+    holder: String,
+    /// `leaseDurationSeconds`.
+    lease_duration_seconds: i32,
+    /// `acquireTime`.
+    acquire_time: Option<MicroTime>,
+    /// `renewTime`.
+    renew_time: Option<MicroTime>,
+    /// `leaseTransitions`.
+    transitions: i32,
+    /// `strategy` (coordinated leader election; only compared).
+    strategy: Option<String>,
+    /// `preferredHolder` (coordinated leader election; only compared).
+    preferred_holder: Option<String>,
+}
+
+impl Record {
+    /// The record stored in `spec` (client-go `LeaseSpecToLeaderElectionRecord`).
+    fn from_spec(spec: Option<&LeaseSpec>) -> Record {
+        let Some(spec) = spec else {
+            return Record::default();
+        };
+        Record {
+            holder: spec.holder_identity.clone().unwrap_or_default(),
+            lease_duration_seconds: spec.lease_duration_seconds.unwrap_or_default(),
+            acquire_time: spec.acquire_time.clone(),
+            renew_time: spec.renew_time.clone(),
+            transitions: spec.lease_transitions.unwrap_or_default(),
+            strategy: spec.strategy.clone(),
+            preferred_holder: spec.preferred_holder.clone(),
+        }
+    }
+
+    /// The Lease spec for this record (client-go `LeaderElectionRecordToLeaseSpec`, which
+    /// always writes `holderIdentity` and `leaseDurationSeconds`, even when empty).
+    fn to_spec(&self) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(self.holder.clone()),
+            lease_duration_seconds: Some(self.lease_duration_seconds),
+            acquire_time: self.acquire_time.clone(),
+            renew_time: self.renew_time.clone(),
+            lease_transitions: Some(self.transitions),
+            strategy: self.strategy.clone(),
+            preferred_holder: self.preferred_holder.clone(),
+        }
+    }
+}
+
+/// A record as observed, with the local instant at which it (last) changed.
+#[derive(Clone, Debug)]
+struct Observed {
+    /// The record.
+    record: Record,
+    /// When we first saw this exact record (client-go `observedTime`).
+    at: Instant,
+}
+
+/// Remembers `record` as observed at `now` unless it equals the one already observed, in which
+/// case the original observation instant is kept (an unchanged record is an ageing record).
+fn observe(observed: &mut Option<Observed>, record: Record, now: Instant) {
+    if observed.as_ref().is_some_and(|o| o.record == record) {
+        return;
+    }
+    *observed = Some(Observed { record, at: now });
+}
+
+/// client-go `isLeaseValid`: the observed record changed less than `lease_duration` ago.
+fn is_lease_valid(observed: &Observed, lease_duration: Duration, now: Instant) -> bool {
+    observed.at + lease_duration > now
+}
+
+/// Whether someone else holds a lease that has not expired, so we must not take it.
+fn held_by_other(
+    observed: &Observed,
+    identity: &str,
+    lease_duration: Duration,
+    now: Instant,
+) -> bool {
+    !observed.record.holder.is_empty()
+        && observed.record.holder != identity
+        && is_lease_valid(observed, lease_duration, now)
+}
+
+/// The record we write to acquire or renew at wall-clock `now`. A holder keeps its acquire time
+/// and transition count; a new holder starts a transition (client-go `tryAcquireOrRenew`).
+fn acquire_record(config: &Config, previous: &Record, now: Timestamp) -> Record {
+    let now = MicroTime(now);
+    let (acquire_time, transitions) = if previous.holder == config.identity {
+        (previous.acquire_time.clone(), previous.transitions)
+    } else {
+        (Some(now.clone()), previous.transitions.saturating_add(1))
+    };
+    Record {
+        holder: config.identity.clone(),
+        lease_duration_seconds: config.lease_duration_seconds(),
+        acquire_time,
+        renew_time: Some(now),
+        transitions,
+        strategy: None,
+        preferred_holder: None,
+    }
+}
+
+/// The record of a Lease we create: we hold it, no transitions yet.
+fn create_record(config: &Config, now: Timestamp) -> Record {
+    let now = MicroTime(now);
+    Record {
+        holder: config.identity.clone(),
+        lease_duration_seconds: config.lease_duration_seconds(),
+        acquire_time: Some(now.clone()),
+        renew_time: Some(now),
+        transitions: 0,
+        strategy: None,
+        preferred_holder: None,
+    }
+}
+
+/// The record that vacates the Lease (client-go `release`): empty holder, a one-second duration,
+/// acquire and renew set to now, transitions kept.
+fn release_record(previous: &Record, now: Timestamp) -> Record {
+    let now = MicroTime(now);
+    Record {
+        holder: String::new(),
+        lease_duration_seconds: 1,
+        acquire_time: Some(now.clone()),
+        renew_time: Some(now),
+        transitions: previous.transitions,
+        strategy: None,
+        preferred_holder: None,
+    }
+}
+
+/// client-go `wait.Jitter(period, factor)`: `period + r × factor × period` for `r ∈ [0, 1)`.
+fn jittered(period: Duration, r: f64) -> Duration {
+    period.mul_f64(1.0 + r.clamp(0.0, 1.0) * JITTER_FACTOR)
+}
+
+/// A random number in `[0, 1)` from the standard library's randomly keyed hasher; good enough
+/// to spread candidates' retries apart, which is all jitter is for.
+fn random_unit() -> f64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u64(0);
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The driver-name sanitizer of external-attacher (spec §3.2): every character outside
+/// `[a-zA-Z0-9-]` becomes `-`, and a trailing `-` gets an `X` appended.
+pub fn sanitize(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if s.ends_with('-') {
+        s.push('X');
+    }
+    s
+}
+
+/// The Lease name external-attacher uses for `driver`:
+/// `external-attacher-leader-<driver>`, sanitized as a whole.
+pub fn lease_name(driver: &str) -> String {
+    sanitize(&format!("external-attacher-leader-{driver}"))
+}
+
+/// The default identity: the host name (the pod name in a pod), sanitized like a driver name,
+/// as external-attacher does.
+pub fn default_identity() -> Result<String> {
+    let host = hostname::get().map_err(Error::Hostname)?;
+    Ok(sanitize(&host.to_string_lossy()))
+}
+
+/// The Lease namespace: `flag` if non-empty, else `$POD_NAMESPACE` if non-empty, else the
+/// trimmed service-account namespace file if non-empty, else `default` (spec §7.1).
+pub fn resolve_namespace(flag: Option<&str>) -> String {
+    resolve_namespace_from(
+        flag,
+        std::env::var("POD_NAMESPACE").ok().as_deref(),
+        Path::new(SERVICE_ACCOUNT_NAMESPACE_FILE),
+    )
+}
+
+/// [`resolve_namespace`] with its environment passed in.
+fn resolve_namespace_from(flag: Option<&str>, env: Option<&str>, file: &Path) -> String {
+    if let Some(ns) = flag.filter(|ns| !ns.is_empty()) {
+        return ns.to_string();
+    }
+    if let Some(ns) = env.filter(|ns| !ns.is_empty()) {
+        return ns.to_string();
+    }
+    if let Ok(text) = std::fs::read_to_string(file) {
+        let ns = text.trim();
+        if !ns.is_empty() {
+            return ns.to_string();
+        }
+    }
+    "default".to_string()
+}
+
+/// Why the leading phase ended.
+enum LeadEnd {
+    /// The shutdown token was cancelled.
+    Cancelled,
+    /// Renewals failed for `renew_deadline`.
+    Lost,
+}
+
+/// A leader elector for one Lease; [`LeaderElector::spawn`] runs it.
+#[derive(Debug)]
+pub struct LeaderElector {
+    /// API for Leases in `config.namespace`.
+    api: Api<Lease>,
+    /// Validated settings.
+    config: Config,
+    /// Shared view for HTTP endpoints.
+    status: Status,
+    /// Publishes our leadership.
+    tx: watch::Sender<Leadership>,
+    /// The last record observed and when it changed (client-go `observedRecord`/`observedTime`).
+    observed: Option<Observed>,
+    /// The last Lease object read or written; its `resourceVersion` guards our next update.
+    lease: Option<Lease>,
+    /// The holder last reported in logs/the watch value (client-go `reportedLeader`).
+    reported_holder: String,
+}
+
+impl LeaderElector {
+    /// An elector over `api` (which must address `config.namespace`; use
+    /// `Api::namespaced(client, &config.namespace)` with a client dedicated to leader election).
+    pub fn new(api: Api<Lease>, config: Config) -> Result<LeaderElector> {
+        config.validate()?;
+        let (tx, _) = watch::channel(Leadership::Standby { holder: None });
+        Ok(LeaderElector {
+            api,
+            status: Status::new(&config),
+            config,
+            tx,
+            observed: None,
+            lease: None,
+            reported_holder: String::new(),
+        })
+    }
+
+    /// The shared status view; clone it out before [`LeaderElector::spawn`].
+    pub fn status(&self) -> Status {
+        self.status.clone()
+    }
+
+    /// Starts the election in a task instrumented with the Lease name. The task runs until
+    /// `shutdown` is cancelled; then, if we lead, it publishes `Standby` and (with
+    /// `release_on_cancel`) vacates the Lease before ending. It ends with an error only if that
+    /// release failed. Own the returned handle (STYLE rule 9).
+    pub fn spawn(
+        self,
+        shutdown: CancellationToken,
+    ) -> (watch::Receiver<Leadership>, JoinHandle<Result<()>>) {
+        let rx = self.tx.subscribe();
+        let span = info_span!(
+            "leader_election",
+            lease = %self.config.name,
+            namespace = %self.config.namespace,
+            identity = %self.config.identity,
+        );
+        let handle = tokio::spawn(self.run(shutdown).instrument(span));
+        (rx, handle)
+    }
+
+    /// The election loop: acquire, lead while renewals succeed, repeat until cancelled.
+    async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        info!("attempting to acquire leader lease");
+        loop {
+            if !self.acquire(&shutdown).await {
+                return Ok(());
+            }
+            self.set_leading(true);
+            match self.lead(&shutdown).await {
+                LeadEnd::Lost => {
+                    info!("stopped leading: failed to renew the lease within the renew deadline");
+                    self.set_leading(false);
+                }
+                LeadEnd::Cancelled => {
+                    info!("stopped leading: shutting down");
+                    self.set_leading(false);
+                    if self.config.release_on_cancel {
+                        return self.release().await;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Tries to acquire every jittered retry period until it succeeds (`true`) or `shutdown`
+    /// is cancelled (`false`).
+    async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
+        loop {
+            let deadline = Instant::now() + self.config.renew_deadline;
+            let attempt = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return false,
+                result = self.try_acquire_or_renew(deadline) => result,
+            };
+            match attempt {
+                Ok(true) => {
+                    debug!("successfully acquired lease");
+                    return true;
+                }
+                Ok(false) => {}
+                Err(e) => warn!(error = %error_chain(&e), "failed to acquire lease"),
+            }
+            let pause = jittered(self.config.retry_period, random_unit());
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return false,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// Renews every retry period; returns when a renewal round fails for `renew_deadline` or
+    /// `shutdown` is cancelled.
+    async fn lead(&mut self, shutdown: &CancellationToken) -> LeadEnd {
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return LeadEnd::Cancelled,
+                () = tokio::time::sleep(self.config.retry_period) => {}
+            }
+            // One renewal round: attempts every retry period until one succeeds or the renew
+            // deadline passes (client-go `PollImmediateUntil` under a deadline context).
+            let deadline = Instant::now() + self.config.renew_deadline;
+            loop {
+                let attempt = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return LeadEnd::Cancelled,
+                    result = self.try_acquire_or_renew(deadline) => result,
+                };
+                match attempt {
+                    Ok(true) => break,
+                    Ok(false) => debug!("lease is held by another candidate"),
+                    Err(e) => warn!(error = %error_chain(&e), "failed to renew lease"),
+                }
+                let next = Instant::now() + self.config.retry_period;
+                if next >= deadline {
+                    return LeadEnd::Lost;
+                }
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return LeadEnd::Cancelled,
+                    () = tokio::time::sleep_until(next) => {}
+                }
+            }
+        }
+    }
+
+    /// Whether the observed record names us (client-go `IsLeader`).
+    fn is_leader(&self) -> bool {
+        self.observed
+            .as_ref()
+            .is_some_and(|o| o.record.holder == self.config.identity)
+    }
+
+    /// client-go `tryAcquireOrRenew`: `Ok(true)` if we hold the Lease afterwards, `Ok(false)` if
+    /// another candidate holds a valid one. Every API call must finish before `deadline`.
+    async fn try_acquire_or_renew(&mut self, deadline: Instant) -> Result<bool> {
+        // 1. Fast path for the leader: update from the cached Lease without reading it first.
+        if let Some(observed) = self.observed.clone()
+            && observed.record.holder == self.config.identity
+            && is_lease_valid(&observed, self.config.lease_duration, Instant::now())
+            && let Some(lease) = self.lease.clone()
+        {
+            let record = acquire_record(&self.config, &observed.record, Timestamp::now());
+            match self.update(lease, &record, deadline).await {
+                Ok(()) => return Ok(true),
+                Err(e) => debug!(
+                    error = %error_chain(&e),
+                    "failed to update lease optimistically, falling back to slow path"
+                ),
+            }
+        }
+
+        // 2. Read the Lease, or create it.
+        let got = self
+            .timed(deadline, self.api.get_opt(&self.config.name))
+            .await?;
+        let Some(lease) = got.map_err(|source| Error::Get {
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            source,
+        })?
+        else {
+            let record = create_record(&self.config, Timestamp::now());
+            self.create(&record, deadline).await?;
+            return Ok(true);
+        };
+
+        // 3. Remember the record (and when it changed); respect a valid foreign holder.
+        let current = Record::from_spec(lease.spec.as_ref());
+        self.lease = Some(lease);
+        observe(&mut self.observed, current.clone(), Instant::now());
+        self.report_holder();
+        if let Some(observed) = &self.observed
+            && held_by_other(
+                observed,
+                &self.config.identity,
+                self.config.lease_duration,
+                Instant::now(),
+            )
+        {
+            debug!(holder = %observed.record.holder, "lease is held by another candidate and has not yet expired");
+            return Ok(false);
+        }
+
+        // 4. Take over (or renew through the slow path) with the resourceVersion we read.
+        let record = acquire_record(&self.config, &current, Timestamp::now());
+        let Some(lease) = self.lease.clone() else {
+            return Ok(false);
+        };
+        self.update(lease, &record, deadline).await?;
+        Ok(true)
+    }
+
+    /// Creates the Lease with `record` and our labels.
+    async fn create(&mut self, record: &Record, deadline: Instant) -> Result<()> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.config.name.clone()),
+                namespace: Some(self.config.namespace.clone()),
+                labels: (!self.config.labels.is_empty()).then(|| self.config.labels.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(record.to_spec()),
+        };
+        let created = self
+            .timed(deadline, self.api.create(&PostParams::default(), &lease))
+            .await?
+            .map_err(|source| Error::Create {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+                source,
+            })?;
+        self.wrote(created, record.clone());
+        Ok(())
+    }
+
+    /// Replaces `lease` (keeping its `resourceVersion` as the precondition) with `record` and
+    /// our labels merged into its labels (client-go `LeaseLock.Update`).
+    async fn update(&mut self, mut lease: Lease, record: &Record, deadline: Instant) -> Result<()> {
+        lease.spec = Some(record.to_spec());
+        if !self.config.labels.is_empty() {
+            lease
+                .metadata
+                .labels
+                .get_or_insert_with(BTreeMap::new)
+                .extend(self.config.labels.clone());
+        }
+        let updated = self
+            .timed(
+                deadline,
+                self.api
+                    .replace(&self.config.name, &PostParams::default(), &lease),
+            )
+            .await?
+            .map_err(|source| Error::Update {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+                source,
+            })?;
+        self.wrote(updated, record.clone());
+        Ok(())
+    }
+
+    /// Records a successful write of `record` as our new observation.
+    fn wrote(&mut self, lease: Lease, record: Record) {
+        let ours = record.holder == self.config.identity;
+        self.lease = Some(lease);
+        self.observed = Some(Observed {
+            record,
+            at: Instant::now(),
+        });
+        if ours {
+            self.status.lock().last_renew = Some(Instant::now());
+        }
+        self.report_holder();
+    }
+
+    /// Runs `fut` unless `deadline` passes first.
+    async fn timed<T>(&self, deadline: Instant, fut: impl Future<Output = T>) -> Result<T> {
+        tokio::time::timeout_at(deadline, fut)
+            .await
+            .map_err(|_| Error::Timeout {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+            })
+    }
+
+    /// client-go `maybeReportTransition`: logs and publishes a change of the observed holder.
+    fn report_holder(&mut self) {
+        let Some(observed) = &self.observed else {
+            return;
+        };
+        if observed.record.holder == self.reported_holder {
+            return;
+        }
+        self.reported_holder = observed.record.holder.clone();
+        let holder = (!self.reported_holder.is_empty()).then(|| self.reported_holder.clone());
+        self.status.lock().holder = holder.clone();
+        if self.reported_holder == self.config.identity {
+            return;
+        }
+        match &holder {
+            Some(h) => info!(holder = %h, "new leader is {h}"),
+            None => info!("the lease is vacant"),
+        }
+        self.tx.send_if_modified(|current| {
+            if let Leadership::Standby { holder: shown } = current
+                && *shown != holder
+            {
+                *shown = holder.clone();
+                return true;
+            }
+            false
+        });
+    }
+
+    /// Publishes that we lead (`true`) or no longer lead (`false`).
+    fn set_leading(&mut self, leading: bool) {
+        self.status.lock().leading = leading;
+        if leading {
+            info!("became leader");
+            self.tx.send_replace(Leadership::Leading);
+        } else {
+            let holder = self
+                .observed
+                .as_ref()
+                .map(|o| o.record.holder.clone())
+                .filter(|h| !h.is_empty() && *h != self.config.identity);
+            self.tx.send_replace(Leadership::Standby { holder });
+        }
+    }
+
+    /// client-go `release`: if the observed record names us, vacate the Lease (guarded by the
+    /// cached `resourceVersion`) so a waiting candidate takes over at once.
+    async fn release(&mut self) -> Result<()> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        let (Some(observed), Some(lease)) = (self.observed.clone(), self.lease.clone()) else {
+            return Ok(());
+        };
+        let record = release_record(&observed.record, Timestamp::now());
+        let deadline = Instant::now() + self.config.renew_deadline;
+        match self.update(lease, &record, deadline).await {
+            Ok(()) => {
+                info!("released the lease");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %error_chain(&e), "failed to release the lease");
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `error: cause: cause` on one line, for logs.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::new("external-attacher-leader-x", "default", "me")
+    }
+
+    fn record(holder: &str, transitions: i32) -> Record {
+        Record {
+            holder: holder.to_string(),
+            lease_duration_seconds: 15,
+            acquire_time: Some(MicroTime(Timestamp::UNIX_EPOCH)),
+            renew_time: Some(MicroTime(Timestamp::UNIX_EPOCH)),
+            transitions,
+            strategy: None,
+            preferred_holder: None,
+        }
+    }
+
+    #[test]
+    fn sanitizes_like_external_attacher() {
+        assert_eq!(sanitize("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
+        assert_eq!(sanitize("node_1."), "node-1-X");
+        assert_eq!(sanitize("abc-"), "abc-X");
+        assert_eq!(sanitize("Pod-7"), "Pod-7");
+        assert_eq!(
+            lease_name("csi.vsphere.vmware.com"),
+            "external-attacher-leader-csi-vsphere-vmware-com"
+        );
+    }
+
+    #[test]
+    fn default_identity_is_sanitized_host_name() {
+        let id = default_identity().expect("host name");
+        assert!(!id.is_empty());
+        assert!(id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
+
+    #[test]
+    fn namespace_resolution_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("namespace");
+        let missing = dir.path().join("missing");
+        assert_eq!(
+            resolve_namespace_from(Some("flag"), Some("env"), &file),
+            "flag"
+        );
+        assert_eq!(resolve_namespace_from(Some(""), Some("env"), &file), "env");
+        std::fs::write(&file, "  sa-ns\n").expect("write");
+        assert_eq!(resolve_namespace_from(None, Some(""), &file), "sa-ns");
+        assert_eq!(resolve_namespace_from(None, None, &missing), "default");
+        std::fs::write(&file, " \n").expect("write");
+        assert_eq!(resolve_namespace_from(None, None, &file), "default");
+    }
+
+    #[test]
+    fn validation_matches_client_go() {
+        assert_eq!(config().validate(), Ok(()));
+        let mut c = config();
+        c.renew_deadline = c.lease_duration;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::LeaseNotLongerThanRenewDeadline { .. })
+        ));
+        let mut c = config();
+        c.retry_period = Duration::from_secs(9); // 1.2 × 9 > 10
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::RenewDeadlineTooShort { .. })
+        ));
+        let mut c = config();
+        c.identity.clear();
+        assert_eq!(c.validate(), Err(ConfigError::EmptyIdentity));
+        let mut c = config();
+        c.retry_period = Duration::ZERO;
+        assert_eq!(c.validate(), Err(ConfigError::NotPositive("retry period")));
+        let mut c = config();
+        c.lease_duration = Duration::from_millis(900);
+        c.renew_deadline = Duration::from_millis(800);
+        c.retry_period = Duration::from_millis(100);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::LeaseDurationTooShort(_))
+        ));
+        // The durations used by the integration tests are valid.
+        let mut c = config();
+        c.lease_duration = Duration::from_secs(2);
+        c.renew_deadline = Duration::from_millis(1500);
+        c.retry_period = Duration::from_millis(500);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn foreign_lease_expires_lease_duration_after_last_change() {
+        let lease_duration = Duration::from_secs(15);
+        let mut observed = None;
+        observe(&mut observed, record("other", 3), Instant::now());
+        let o = observed.clone().expect("observed");
+        assert!(held_by_other(&o, "me", lease_duration, Instant::now()));
+
+        // Re-reading the same record does not refresh the observation time.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        observe(&mut observed, record("other", 3), Instant::now());
+        let o = observed.clone().expect("observed");
+        assert!(held_by_other(&o, "me", lease_duration, Instant::now()));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(
+            !held_by_other(&o, "me", lease_duration, Instant::now()),
+            "expired exactly lease_duration after the record was first seen"
+        );
+
+        // A renewal by the holder (new renewTime) restarts the clock.
+        let mut renewed = record("other", 3);
+        renewed.renew_time = Some(MicroTime(Timestamp::constant(1, 0)));
+        observe(&mut observed, renewed, Instant::now());
+        let o = observed.clone().expect("observed");
+        assert!(held_by_other(&o, "me", lease_duration, Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn empty_or_own_holder_is_never_held_by_other() {
+        let now = Instant::now();
+        let vacant = Observed {
+            record: record("", 1),
+            at: now,
+        };
+        assert!(!held_by_other(&vacant, "me", DEFAULT_LEASE_DURATION, now));
+        let mine = Observed {
+            record: record("me", 1),
+            at: now,
+        };
+        assert!(!held_by_other(&mine, "me", DEFAULT_LEASE_DURATION, now));
+    }
+
+    #[test]
+    fn acquire_record_starts_a_transition_for_a_new_holder() {
+        let c = config();
+        let now = Timestamp::constant(1000, 0);
+        let r = acquire_record(&c, &record("other", 4), now);
+        assert_eq!(r.holder, "me");
+        assert_eq!(r.lease_duration_seconds, 15);
+        assert_eq!(r.transitions, 5);
+        assert_eq!(r.acquire_time, Some(MicroTime(now)));
+        assert_eq!(r.renew_time, Some(MicroTime(now)));
+
+        // From a released lease, too.
+        let r = acquire_record(&c, &release_record(&record("x", 7), now), now);
+        assert_eq!(r.transitions, 8);
+    }
+
+    #[test]
+    fn renew_record_keeps_acquire_time_and_transitions() {
+        let c = config();
+        let now = Timestamp::constant(2000, 0);
+        let previous = record("me", 4);
+        let r = acquire_record(&c, &previous, now);
+        assert_eq!(r.transitions, 4);
+        assert_eq!(r.acquire_time, previous.acquire_time);
+        assert_eq!(r.renew_time, Some(MicroTime(now)));
+    }
+
+    #[test]
+    fn create_and_release_records() {
+        let c = config();
+        let now = Timestamp::constant(3000, 0);
+        let r = create_record(&c, now);
+        assert_eq!((r.holder.as_str(), r.transitions), ("me", 0));
+        assert_eq!(r.acquire_time, Some(MicroTime(now)));
+        let released = release_record(&record("me", 9), now);
+        assert_eq!(released.holder, "");
+        assert_eq!(released.lease_duration_seconds, 1);
+        assert_eq!(released.transitions, 9);
+        assert_eq!(released.acquire_time, Some(MicroTime(now)));
+        let spec = released.to_spec();
+        assert_eq!(spec.holder_identity.as_deref(), Some(""));
+        assert_eq!(Record::from_spec(Some(&spec)), released);
+        assert_eq!(Record::from_spec(None), Record::default());
+    }
+
+    #[test]
+    fn jitter_stays_within_client_go_bounds() {
+        let p = Duration::from_secs(5);
+        assert_eq!(jittered(p, 0.0), p);
+        assert_eq!(jittered(p, 1.0), Duration::from_secs(11));
+        for _ in 0..100 {
+            let r = random_unit();
+            assert!((0.0..1.0).contains(&r));
+            let j = jittered(p, r);
+            assert!(j >= p && j < Duration::from_secs(11));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn health_fails_only_for_a_leader_that_stopped_renewing() {
+        let mut c = config();
+        c.lease_duration = Duration::from_secs(15);
+        let status = Status::new(&c);
+        assert_eq!(status.check(HEALTH_TOLERANCE), Ok(()));
+        assert_eq!(status.holder(), None);
+        {
+            let mut inner = status.lock();
+            inner.leading = true;
+            inner.last_renew = Some(Instant::now());
+        }
+        assert_eq!(status.holder().as_deref(), Some("me"));
+        tokio::time::advance(Duration::from_secs(35)).await;
+        assert_eq!(status.check(HEALTH_TOLERANCE), Ok(()));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let err = status.check(HEALTH_TOLERANCE).expect_err("unhealthy");
+        assert_eq!(err.lease, "external-attacher-leader-x");
+        // A standby with an old renewal is healthy.
+        status.lock().leading = false;
+        assert_eq!(status.check(HEALTH_TOLERANCE), Ok(()));
+    }
+}
