@@ -17,7 +17,7 @@
 //! and numbers with Rust rules, has no Go durations and exits with its own codes and texts. A
 //! reimplementation on top of clap would need a pre-pass that rewrites the arguments, i.e. a Go
 //! flag parser anyway. So this module is a small hand-written parser over one declarative table,
-//! [`FLAGS`], which holds each flag's name, kind, default as shown in the usage text, help text and
+//! `FLAGS`, which holds each flag's name, kind, default as shown in the usage text, help text and
 //! setter; the rest of rule 11 holds: the result is validated into a typed [`Args`] (durations as
 //! [`Duration`]) before anything starts, and failures are a typed [`Error`] carrying the exit code.
 //!
@@ -1231,7 +1231,7 @@ fn go_underscores_ok(value: &str) -> bool {
     if let [b'0', p, rest @ ..] = s
         && matches!(p.to_ascii_lowercase(), b'x' | b'o' | b'b')
     {
-        hex = p.to_ascii_lowercase() == b'x';
+        hex = p.eq_ignore_ascii_case(&b'x');
         saw = b'0';
         s = rest;
     }
