@@ -27,7 +27,7 @@ pub const NODE_ID_ANNOTATION: &str = "csi.alpha.kubernetes.io/node-id";
 pub const MIGRATED_TO_ANNOTATION: &str = "pv.kubernetes.io/migrated-to";
 
 /// Prefix of the finalizer put on VolumeAttachments and PersistentVolumes.
-const FINALIZER_PREFIX: &str = "external-attacher/";
+pub const FINALIZER_PREFIX: &str = "external-attacher/";
 
 /// Prefix of the leader-election Lease name, before sanitizing.
 const LEASE_PREFIX: &str = "external-attacher-leader-";
