@@ -417,15 +417,22 @@ pub fn parse_env_or_exit() -> (Args, Vec<String>) {
             stdout,
             stderr,
         }) => {
-            print!("{stdout}");
-            eprint!("{stderr}");
+            emit(&stdout, &stderr);
             std::process::exit(code)
         }
         Err(err) => {
-            eprint!("{}", err.stderr_text());
+            emit("", &err.stderr_text());
             std::process::exit(err.exit_code())
         }
     }
+}
+
+/// Writes the texts; a closed stdout or stderr (`--help | head`) is not an error worth a panic.
+fn emit(stdout: &str, stderr: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stdout().write_all(stdout.as_bytes());
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().write_all(stderr.as_bytes());
 }
 
 /// The usage text, in the layout of Go's `flag.PrintDefaults`: flags sorted by name, each with
@@ -655,7 +662,7 @@ static FLAGS: &[Flag] = &[
         name: "timeout",
         kind: Kind::Value("duration"),
         default: "15s",
-        help: "Timeout for waiting for attaching or detaching the volume.",
+        help: "Deadline of each ControllerPublish/ControllerUnpublish call, of each start-up Probe and of one reconcile pass.",
         set: |s, v| {
             s.args.timeout = s.duration("timeout", v)?;
             Ok(())
@@ -759,7 +766,7 @@ static FLAGS: &[Flag] = &[
         name: "kubeconfig",
         kind: Kind::Value("string"),
         default: "",
-        help: "Absolute path to the kubeconfig file. Required only when running out of cluster.",
+        help: "Path of a kubeconfig file; empty means the in-cluster service account.",
         set: |s, v| {
             s.args.kubeconfig = non_empty(v).map(PathBuf::from);
             Ok(())
@@ -779,7 +786,7 @@ static FLAGS: &[Flag] = &[
         name: "leader-election",
         kind: Kind::Bool,
         default: "false",
-        help: "Enable leader election.",
+        help: "Take a Lease so that only one replica acts for the driver.",
         set: |s, v| {
             s.args.leader_election.enabled = parse_go_bool(v)?;
             Ok(())
