@@ -14,11 +14,14 @@
 //! client layer; `mock` is the project's own mock CSI driver, used by tests and
 //! benchmarks and shipped as the `mock-csi-driver` binary.
 
+pub mod app;
 pub mod budget;
 pub mod cli;
 pub mod controller;
 pub mod csi;
+pub mod driver;
 pub mod http;
+pub mod hub;
 pub mod k8s;
 pub mod leader;
 pub mod metrics;

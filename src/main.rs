@@ -1,13 +1,24 @@
 //! The `attacher-hub` binary: parse arguments, set up logging, run the hub.
 
-fn main() {
+fn main() -> std::process::ExitCode {
     let (args, warnings) = attacher_hub::cli::parse_env_or_exit();
     attacher_hub::telemetry::init_with_verbosity(args.logging.format, args.logging.verbosity);
     for warning in &warnings {
         tracing::warn!("{warning}");
     }
-    tracing::info!(
-        ?args,
-        "attacher-hub starting; the controller is not built yet"
-    );
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "Version");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(error) => {
+            eprintln!("attacher-hub: starting the async runtime failed: {error}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(attacher_hub::app::run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = %attacher_hub::app::error_chain(&error), "fatal");
+            std::process::ExitCode::from(1)
+        }
+    }
 }

@@ -153,3 +153,173 @@ mod tests {
         assert!(!render(&registry).contains(CSI_OPERATIONS_NAME));
     }
 }
+
+/// Exponential buckets of the work-queue histograms (component-base:
+/// 1e-8 × 10^k, k = 0..9).
+fn workqueue_buckets() -> Vec<f64> {
+    (0..10).map(|k| 1e-8 * 10f64.powi(k)).collect()
+}
+
+/// Buckets of the end-to-end attach/detach latency, in seconds.
+pub const END_TO_END_BUCKETS: [f64; 14] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
+
+/// Per-driver series of the hub: queues, leadership, driver health and
+/// end-to-end latency. Every series carries `driver_name`.
+#[derive(Clone, Debug)]
+pub struct HubMetrics {
+    /// `workqueue_depth{name, driver_name, pool}`.
+    pub queue_depth: prometheus::GaugeVec,
+    /// `workqueue_oldest_item_age_seconds{name, driver_name, pool}`: age of the
+    /// oldest waiting key (the backlog signal of external-attacher #706).
+    pub queue_oldest_age: prometheus::GaugeVec,
+    /// `workqueue_longest_running_processor_seconds{name, driver_name, pool}`.
+    pub queue_longest_running: prometheus::GaugeVec,
+    /// `workqueue_retries_total{name, driver_name}`.
+    pub queue_retries: prometheus::IntCounterVec,
+    /// `workqueue_work_duration_seconds{name, driver_name}`.
+    pub queue_work_duration: HistogramVec,
+    /// `leader_election_master_status{name, driver_name}`: 1 leading, 0 not.
+    pub leader: prometheus::GaugeVec,
+    /// `attacher_hub_driver_up{driver_name}`: 1 when the driver is ready
+    /// (standby or leading), else 0.
+    pub driver_up: prometheus::GaugeVec,
+    /// `attacher_hub_attach_duration_seconds{driver_name}`: VA creation to
+    /// `attached=true` written by us.
+    pub attach_e2e: HistogramVec,
+    /// `attacher_hub_detach_duration_seconds{driver_name}`: VA deletion
+    /// timestamp to detached.
+    pub detach_e2e: HistogramVec,
+}
+
+impl HubMetrics {
+    /// Creates the series and registers them on `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        use prometheus::{GaugeVec, IntCounterVec, Opts};
+        let pool = &["name", "driver_name", "pool"];
+        let this = Self {
+            queue_depth: GaugeVec::new(
+                Opts::new("workqueue_depth", "Current depth of workqueue"),
+                pool,
+            )?,
+            queue_oldest_age: GaugeVec::new(
+                Opts::new(
+                    "workqueue_oldest_item_age_seconds",
+                    "How long the oldest key has been waiting in the workqueue",
+                ),
+                pool,
+            )?,
+            queue_longest_running: GaugeVec::new(
+                Opts::new(
+                    "workqueue_longest_running_processor_seconds",
+                    "How many seconds has the longest running processor for workqueue been running.",
+                ),
+                pool,
+            )?,
+            queue_retries: IntCounterVec::new(
+                Opts::new(
+                    "workqueue_retries_total",
+                    "Total number of retries handled by workqueue",
+                ),
+                &["name", "driver_name"],
+            )?,
+            queue_work_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "workqueue_work_duration_seconds",
+                    "How long in seconds processing an item from workqueue takes.",
+                )
+                .buckets(workqueue_buckets()),
+                &["name", "driver_name"],
+            )?,
+            leader: GaugeVec::new(
+                Opts::new(
+                    "leader_election_master_status",
+                    "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
+                ),
+                &["name", "driver_name"],
+            )?,
+            driver_up: GaugeVec::new(
+                Opts::new(
+                    "attacher_hub_driver_up",
+                    "1 if the CSI driver is connected and ready, else 0",
+                ),
+                &["driver_name"],
+            )?,
+            attach_e2e: HistogramVec::new(
+                HistogramOpts::new(
+                    "attacher_hub_attach_duration_seconds",
+                    "Time from VolumeAttachment creation to attached=true",
+                )
+                .buckets(END_TO_END_BUCKETS.to_vec()),
+                &["driver_name"],
+            )?,
+            detach_e2e: HistogramVec::new(
+                HistogramOpts::new(
+                    "attacher_hub_detach_duration_seconds",
+                    "Time from VolumeAttachment deletion to detached",
+                )
+                .buckets(END_TO_END_BUCKETS.to_vec()),
+                &["driver_name"],
+            )?,
+        };
+        registry.register(Box::new(this.queue_depth.clone()))?;
+        registry.register(Box::new(this.queue_oldest_age.clone()))?;
+        registry.register(Box::new(this.queue_longest_running.clone()))?;
+        registry.register(Box::new(this.queue_retries.clone()))?;
+        registry.register(Box::new(this.queue_work_duration.clone()))?;
+        registry.register(Box::new(this.leader.clone()))?;
+        registry.register(Box::new(this.driver_up.clone()))?;
+        registry.register(Box::new(this.attach_e2e.clone()))?;
+        registry.register(Box::new(this.detach_e2e.clone()))?;
+        Ok(this)
+    }
+
+    /// Sets `leader_election_master_status` of a driver's Lease.
+    pub fn set_leader(&self, driver: &str, leading: bool) {
+        let lease = crate::controller::attachment::lease_name(driver);
+        self.leader
+            .with_label_values(&[lease.as_str(), driver])
+            .set(if leading { 1.0 } else { 0.0 });
+    }
+
+    /// Records how long one key took.
+    pub fn observe_work(&self, driver: &str, queue: &str, elapsed: std::time::Duration) {
+        self.queue_work_duration
+            .with_label_values(&[queue, driver])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one rate-limited re-add.
+    pub fn count_retry(&self, driver: &str, queue: &str) {
+        self.queue_retries.with_label_values(&[queue, driver]).inc();
+    }
+
+    /// Records the end-to-end latency of a VA that was just attached or
+    /// detached by us.
+    pub fn observe_sync(
+        &self,
+        driver: &str,
+        va: &k8s_openapi::api::storage::v1::VolumeAttachment,
+        detached: bool,
+    ) {
+        let since = if detached {
+            va.metadata.deletion_timestamp.as_ref()
+        } else {
+            if va.status.as_ref().is_some_and(|s| s.attached) {
+                // Already attached before this sync (resync, forced sync).
+                return;
+            }
+            va.metadata.creation_timestamp.as_ref()
+        };
+        let Some(since) = since else { return };
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let seconds = now.duration_since(since.0).as_secs_f64().max(0.0);
+        let h = if detached {
+            &self.detach_e2e
+        } else {
+            &self.attach_e2e
+        };
+        h.with_label_values(&[driver]).observe(seconds);
+    }
+}

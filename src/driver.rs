@@ -1,0 +1,786 @@
+//! One driver's life: connect, probe, learn its name and capabilities, win its
+//! Lease, run its workers and reconciler; and start over when its connection
+//! drops. A sick driver only ever affects itself.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, RwLock},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    coordination::v1::Lease, core::v1::PersistentVolume, storage::v1::VolumeAttachment,
+};
+use kube::Api;
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{
+    budget::Budget,
+    controller::{
+        Handler, attachment,
+        csi_handler::{self, CsiHandler},
+        predicate::should_enqueue_va_change,
+        trivial_handler::TrivialHandler,
+    },
+    csi::{self, Address, CallMetrics, Capabilities, Connection, DriverClient},
+    hub::Shared,
+    k8s::Writer,
+    leader::{self, LeaderElector, Leadership},
+    queue::Queue,
+};
+
+/// Name of the VolumeAttachment queues (the `name` label of `workqueue_*`).
+pub const VA_QUEUE_NAME: &str = "csi-attacher-va";
+/// Name of the PersistentVolume queue.
+pub const PV_QUEUE_NAME: &str = "csi-attacher-pv";
+/// First pause after a failed start-up step of a driver.
+const RESTART_BACKOFF_START: Duration = Duration::from_secs(1);
+/// Longest pause between start-up attempts of a failing driver.
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Where a container writes why it died (read by the kubelet).
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// Leader-election settings of one driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderSettings {
+    /// Lease namespace.
+    pub namespace: String,
+    /// Our holder identity.
+    pub identity: String,
+    /// Lease duration.
+    pub lease_duration: Duration,
+    /// Renew deadline.
+    pub renew_deadline: Duration,
+    /// Retry period.
+    pub retry_period: Duration,
+    /// Labels put on the Lease.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Vacate the Lease on shutdown so the next leader starts at once.
+    pub release_on_exit: bool,
+}
+
+/// Everything configurable per driver (flags give the defaults; `drivers.yaml`
+/// may override per driver).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// The driver socket.
+    pub address: Address,
+    /// The name the driver must report, if configured.
+    pub expected_name: Option<String>,
+    /// Deadline of publish/unpublish, of each Probe, and of a reconcile pass.
+    pub timeout: Duration,
+    /// Workers for attaches (VAs without deletion timestamp) and for PVs.
+    pub attach_workers: usize,
+    /// Workers for detaches (VAs being deleted).
+    pub detach_workers: usize,
+    /// First retry delay of a failed item.
+    pub retry_interval_start: Duration,
+    /// Cap of the retry delay.
+    pub retry_interval_max: Duration,
+    /// Pause between reconciler passes.
+    pub reconcile_sync: Duration,
+    /// `max_entries` of ListVolumes (0: no limit).
+    pub max_entries: i32,
+    /// fsType for PVs without one.
+    pub default_fstype: String,
+    /// A per-driver API budget on top of the process-wide one: (qps, burst).
+    pub kube_api_budget: Option<(f64, u32)>,
+    /// `None`: this replica always acts for the driver.
+    pub leader_election: Option<LeaderSettings>,
+    /// Exit the process (code 1) when the connection drops, as the Go
+    /// sidecar does; otherwise reconnect and re-detect capabilities.
+    pub exit_on_connection_loss: bool,
+    /// Write `errorCode` into `attachError` for gRPC errors.
+    pub save_error_code: bool,
+    /// Bound for in-flight work when leadership ends or the process stops.
+    pub drain_timeout: Duration,
+}
+
+/// Where a driver is in its life.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum State {
+    /// Waiting for its socket to accept a connection.
+    Connecting,
+    /// Connected; Probe says not ready (or name/capabilities not read yet).
+    NotReady,
+    /// Ready; another replica holds its Lease.
+    Standby,
+    /// Ready and acting for the driver.
+    Leading,
+    /// A start-up step failed; retried with backoff.
+    Failed {
+        /// What went wrong.
+        reason: String,
+    },
+    /// Stopped (removed from the configuration or shutting down).
+    Stopped,
+}
+
+/// What `/drivers` shows of a driver.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Info {
+    name: Option<String>,
+    state: Option<State>,
+    capabilities: Option<Capabilities>,
+    lease: Option<String>,
+    lease_holder: Option<String>,
+    last_error: Option<String>,
+}
+
+/// Which queue a VolumeAttachment key is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Attach,
+    Detach,
+}
+
+/// One configured driver socket and, once known, the driver behind it.
+#[derive(Debug)]
+pub struct Driver {
+    /// Its settings.
+    settings: Settings,
+    /// VAs to attach.
+    attach_queue: Queue,
+    /// VAs to detach: a separate pool, so a detach storm never starves attaches.
+    detach_queue: Queue,
+    /// PVs whose finalizer may go.
+    pv_queue: Queue,
+    /// Set while this replica acts for the driver; events are dropped otherwise.
+    handler: RwLock<Option<Arc<Handler>>>,
+    /// Keys being processed, so a VA moving from the attach to the detach
+    /// queue is never worked on twice at once.
+    busy: KeyLocks,
+    /// For `/drivers` and readiness.
+    info: RwLock<Info>,
+}
+
+fn read<T: Clone>(l: &RwLock<T>) -> T {
+    l.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Driver {
+    /// A driver slot for `settings`; [`Driver::run`] brings it to life.
+    pub fn new(settings: Settings) -> Arc<Self> {
+        let q = |name: &str| {
+            Queue::new(
+                name,
+                settings.retry_interval_start,
+                settings.retry_interval_max,
+            )
+        };
+        Arc::new(Self {
+            attach_queue: q(VA_QUEUE_NAME),
+            detach_queue: q(VA_QUEUE_NAME),
+            pv_queue: q(PV_QUEUE_NAME),
+            settings,
+            handler: RwLock::new(None),
+            busy: KeyLocks::default(),
+            info: RwLock::new(Info {
+                state: Some(State::Connecting),
+                ..Info::default()
+            }),
+        })
+    }
+
+    /// Its settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The driver name, once it has told it.
+    pub fn name(&self) -> Option<String> {
+        read(&self.info).name
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        read(&self.info).state.unwrap_or(State::Connecting)
+    }
+
+    fn set_state(&self, state: State) {
+        if let State::Failed { reason } = &state {
+            tracing::warn!(%reason, "driver failed; retrying");
+            write(&self.info).last_error = Some(reason.clone());
+        }
+        write(&self.info).state = Some(state);
+    }
+
+    /// The `/drivers` entry.
+    pub fn describe(&self) -> serde_json::Value {
+        let info = read(&self.info);
+        serde_json::json!({
+            "socket": self.settings.address.to_string(),
+            "name": info.name,
+            "state": info.state,
+            "capabilities": info.capabilities,
+            "lease": info.lease,
+            "leaseHolder": info.lease_holder,
+            "leaderElection": self.settings.leader_election.is_some(),
+            "queues": {
+                "attach": { "depth": self.attach_queue.len(), "processing": self.attach_queue.processing_len(), "oldestSeconds": self.attach_queue.oldest_age().map(|d| d.as_secs_f64()) },
+                "detach": { "depth": self.detach_queue.len(), "processing": self.detach_queue.processing_len(), "oldestSeconds": self.detach_queue.oldest_age().map(|d| d.as_secs_f64()) },
+                "pv": { "depth": self.pv_queue.len(), "processing": self.pv_queue.processing_len(), "oldestSeconds": self.pv_queue.oldest_age().map(|d| d.as_secs_f64()) },
+            },
+            "lastError": info.last_error,
+        })
+    }
+
+    /// Depths of the attach, detach and PV queues.
+    pub fn queue_depths(&self) -> [(&'static str, &Queue); 3] {
+        [
+            ("attach", &self.attach_queue),
+            ("detach", &self.detach_queue),
+            ("pv", &self.pv_queue),
+        ]
+    }
+
+    fn handler(&self) -> Option<Arc<Handler>> {
+        read(&self.handler)
+    }
+
+    // === events (called by the router through the hub; must not block) ===
+
+    /// A VA of this driver was added or changed.
+    pub fn on_va(&self, old: Option<&VolumeAttachment>, new: &VolumeAttachment) {
+        let Some(handler) = self.handler() else {
+            return;
+        };
+        handler.observe_va(new);
+        if old.is_none_or(|old| should_enqueue_va_change(old, new)) {
+            self.enqueue_va(&handler, new);
+        }
+    }
+
+    fn enqueue_va(&self, handler: &Handler, va: &VolumeAttachment) {
+        let Some(name) = va.metadata.name.as_deref() else {
+            return;
+        };
+        let deleting = va.metadata.deletion_timestamp.is_some();
+        if handler.detaches() && deleting {
+            self.detach_queue.add(name);
+        } else {
+            self.attach_queue.add(name);
+        }
+    }
+
+    /// A VA of this driver is gone: its PV may lose our finalizer now.
+    pub fn on_va_deleted(&self, va: &VolumeAttachment) {
+        let Some(handler) = self.handler() else {
+            return;
+        };
+        if let Some(name) = va.metadata.name.as_deref() {
+            handler.va_deleted(name);
+        }
+        if let Some(pv) = va.spec.source.persistent_volume_name.as_deref() {
+            self.pv_queue.add(pv);
+        }
+    }
+
+    /// A PV carrying our finalizer was added or changed.
+    pub fn on_pv(&self, driver: &str, pv: &PersistentVolume) {
+        if self.handler().is_none() {
+            return;
+        }
+        if attachment::should_enqueue_pv(pv, driver)
+            && let Some(name) = pv.metadata.name.as_deref()
+        {
+            self.pv_queue.add(name);
+        }
+    }
+
+    // === life ===
+
+    /// Runs the driver until `stop` is cancelled: connect, probe, register,
+    /// lead, work; start over on connection loss or a failed step.
+    pub async fn run(self: Arc<Self>, shared: Arc<Shared>, stop: CancellationToken) {
+        let mut backoff = RESTART_BACKOFF_START;
+        loop {
+            let outcome = self.clone().run_once(&shared, &stop).await;
+            if let Some(name) = self.name() {
+                shared.registry.unregister(&name, &self);
+            }
+            match outcome {
+                Outcome::Stopped => {
+                    self.set_state(State::Stopped);
+                    return;
+                }
+                Outcome::ConnectionLost => {
+                    if self.settings.exit_on_connection_loss {
+                        let msg = "Lost connection to CSI driver, exiting";
+                        tracing::error!("{msg}");
+                        let _ = std::fs::write(TERMINATION_LOG, msg);
+                        std::process::exit(1);
+                    }
+                    tracing::warn!("lost connection to the CSI driver; reconnecting");
+                    write(&self.info).last_error = Some("lost connection to the CSI driver".into());
+                    backoff = RESTART_BACKOFF_START;
+                }
+                Outcome::Failed(reason) => {
+                    self.set_state(State::Failed { reason });
+                    tokio::select! {
+                        () = stop.cancelled() => {
+                            self.set_state(State::Stopped);
+                            return;
+                        }
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    async fn run_once(self: Arc<Self>, shared: &Arc<Shared>, stop: &CancellationToken) -> Outcome {
+        self.set_state(State::Connecting);
+        let connection = tokio::select! {
+            () = stop.cancelled() => return Outcome::Stopped,
+            c = Connection::connect(self.settings.address.clone(), None) => match c {
+                Ok(c) => c,
+                Err(e) => return Outcome::Failed(e.to_string()),
+            },
+        };
+        let mut losses = connection.losses();
+        losses.mark_unchanged();
+        let mut client = DriverClient::new(&connection, CallMetrics::new(shared.csi_ops.clone()));
+
+        self.set_state(State::NotReady);
+        let ready = tokio::select! {
+            () = stop.cancelled() => return Outcome::Stopped,
+            _ = losses.changed() => return Outcome::ConnectionLost,
+            r = csi::probe::probe_until_ready(&client, self.settings.timeout) => r,
+        };
+        if let Err(e) = ready {
+            return Outcome::Failed(format!("probe failed: {e}"));
+        }
+        let name = match csi::probe::plugin_name(&client).await {
+            Ok(n) => n,
+            Err(e) => return Outcome::Failed(format!("GetPluginInfo failed: {e}")),
+        };
+        if let Some(expected) = &self.settings.expected_name
+            && *expected != name
+        {
+            return Outcome::Failed(format!(
+                "driver at {} reports name {name:?}, but the configuration expects {expected:?}",
+                self.settings.address
+            ));
+        }
+        client
+            .metrics_mut()
+            .set_driver(&name, attachment::is_migration_driver(&name));
+        let caps = match csi::probe::capabilities(&client).await {
+            Ok(c) => c,
+            Err(e) => return Outcome::Failed(format!("capability detection failed: {e}")),
+        };
+        {
+            let mut info = write(&self.info);
+            info.name = Some(name.clone());
+            info.capabilities = Some(caps);
+        }
+        if let Err(reason) = shared.registry.register(&name, &self) {
+            return Outcome::Failed(reason);
+        }
+        let span = tracing::info_span!("driver", driver = %name);
+        tracing::info!(parent: &span, ?caps, "driver ready");
+        self.clone()
+            .serve(shared, stop, &name, caps, client, &connection, losses)
+            .instrument(span)
+            .await
+    }
+
+    /// Holds (or waits for) the Lease and runs the workers while leading.
+    #[allow(clippy::too_many_arguments)]
+    async fn serve(
+        self: Arc<Self>,
+        shared: &Arc<Shared>,
+        stop: &CancellationToken,
+        name: &str,
+        caps: Capabilities,
+        client: DriverClient,
+        _connection: &Connection,
+        mut losses: tokio::sync::watch::Receiver<u64>,
+    ) -> Outcome {
+        let handler = Arc::new(self.build_handler(shared, name, caps, client));
+        let election = CancellationToken::new();
+        let (mut leadership, election_task) = match &self.settings.leader_election {
+            None => {
+                let (tx, rx) = tokio::sync::watch::channel(Leadership::Leading);
+                drop(tx);
+                (rx, None)
+            }
+            Some(le) => {
+                let lease = leader::lease_name(name);
+                write(&self.info).lease = Some(lease.clone());
+                let config = leader::Config {
+                    name: lease,
+                    namespace: le.namespace.clone(),
+                    identity: le.identity.clone(),
+                    lease_duration: le.lease_duration,
+                    renew_deadline: le.renew_deadline,
+                    retry_period: le.retry_period,
+                    labels: le.labels.clone(),
+                    release_on_cancel: le.release_on_exit,
+                };
+                let api = Api::<Lease>::namespaced(shared.leader_client.clone(), &le.namespace);
+                let elector = match LeaderElector::new(api, config) {
+                    Ok(e) => e,
+                    Err(e) => return Outcome::Failed(format!("leader election: {e}")),
+                };
+                shared
+                    .leader_status
+                    .insert(name.to_string(), elector.status());
+                let (rx, task) = elector.spawn(election.clone());
+                (rx, Some(task))
+            }
+        };
+
+        let mut workers: Option<Workers> = None;
+        let outcome = loop {
+            let leading = leadership.borrow_and_update().clone();
+            match (&leading, workers.is_some()) {
+                (Leadership::Leading, false) => {
+                    self.set_state(State::Leading);
+                    shared.metrics.set_leader(name, true);
+                    workers = Some(self.clone().start_workers(shared, handler.clone()));
+                }
+                (Leadership::Standby { holder }, running) => {
+                    if running && let Some(w) = workers.take() {
+                        tracing::warn!("lost leadership; stopping workers");
+                        self.stop_workers(w).await;
+                    }
+                    shared.metrics.set_leader(name, false);
+                    write(&self.info).lease_holder = holder.clone();
+                    self.set_state(State::Standby);
+                }
+                _ => {}
+            }
+            if leading.is_leading() && self.settings.leader_election.is_some() {
+                write(&self.info).lease_holder =
+                    shared.leader_status.get(name).and_then(|s| s.holder());
+            }
+            tokio::select! {
+                () = stop.cancelled() => break Outcome::Stopped,
+                _ = losses.changed() => break Outcome::ConnectionLost,
+                changed = leadership.changed() => if changed.is_err() && election_task.is_some() {
+                    // The elector ended on its own: treat as a lost lease.
+                    break Outcome::Failed("leader election ended".into());
+                } else if changed.is_err() {
+                    // No leader election: wait for stop or loss only.
+                    tokio::select! {
+                        () = stop.cancelled() => break Outcome::Stopped,
+                        _ = losses.changed() => break Outcome::ConnectionLost,
+                    }
+                },
+            }
+        };
+
+        // Phase 1: stop taking work; let in-flight calls finish within a bound.
+        if let Some(w) = workers.take() {
+            self.stop_workers(w).await;
+        }
+        // Phase 2: vacate the Lease so the next leader starts at once.
+        election.cancel();
+        if let Some(task) = election_task {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease failed"),
+                Err(e) => tracing::warn!(error = %e, "leader election task failed"),
+            }
+        }
+        shared.leader_status.remove(name);
+        shared.metrics.set_leader(name, false);
+        outcome
+    }
+
+    fn build_handler(
+        &self,
+        shared: &Shared,
+        name: &str,
+        caps: Capabilities,
+        client: DriverClient,
+    ) -> Handler {
+        let mut budgets = vec![shared.budget.clone()];
+        if let Some((qps, burst)) = self.settings.kube_api_budget {
+            budgets.push(Arc::new(Budget::new(qps, burst)));
+        }
+        let writer = Writer::new(shared.client.clone(), budgets);
+        if caps.needs_attach() {
+            Handler::Csi(CsiHandler::new(
+                name.to_string(),
+                client,
+                caps,
+                writer,
+                shared.stores.clone(),
+                csi_handler::Config {
+                    timeout: self.settings.timeout,
+                    default_fstype: self.settings.default_fstype.clone(),
+                    max_entries: self.settings.max_entries,
+                    save_error_code: self.settings.save_error_code,
+                },
+            ))
+        } else {
+            tracing::info!("driver does not attach; using the trivial handler");
+            Handler::Trivial(TrivialHandler::new(writer))
+        }
+    }
+
+    fn start_workers(self: Arc<Self>, shared: &Arc<Shared>, handler: Arc<Handler>) -> Workers {
+        let token = CancellationToken::new();
+        let mut set = JoinSet::new();
+        *write(&self.handler) = Some(handler.clone());
+        let name = self.name().unwrap_or_default();
+        let pools = [
+            (Pool::Va(Kind::Attach), self.settings.attach_workers),
+            (Pool::Va(Kind::Detach), self.settings.detach_workers),
+            (Pool::Pv, self.settings.attach_workers),
+        ];
+        for (pool, count) in pools {
+            for i in 0..count.max(1) {
+                let span = tracing::debug_span!("worker", pool = pool.label(), i);
+                set.spawn(
+                    self.clone()
+                        .worker(shared.clone(), handler.clone(), pool, token.clone())
+                        .instrument(span),
+                );
+            }
+        }
+        set.spawn(
+            self.clone()
+                .reconciler(shared.clone(), handler.clone(), token.clone())
+                .instrument(tracing::debug_span!("reconciler")),
+        );
+        // Everything already in the cache, as the Go attacher's informers
+        // deliver it when they start.
+        let this = self.clone();
+        let shared2 = shared.clone();
+        set.spawn(
+            async move {
+                shared2.stores.wait_synced().await;
+                for va in shared2.stores.vas.state() {
+                    if va.spec.attacher == name {
+                        this.on_va(None, &va);
+                    }
+                }
+                for pv in shared2.stores.pvs.state() {
+                    this.on_pv(&name, &pv);
+                }
+            }
+            .instrument(tracing::debug_span!("initial-sync")),
+        );
+        Workers { token, set }
+    }
+
+    async fn stop_workers(&self, mut w: Workers) {
+        *write(&self.handler) = None;
+        w.token.cancel();
+        let drained = tokio::time::timeout(self.settings.drain_timeout, async {
+            while w.set.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(timeout = ?self.settings.drain_timeout, "in-flight work did not finish in time; aborting it");
+            w.set.abort_all();
+            while w.set.join_next().await.is_some() {}
+        }
+    }
+
+    fn queue(&self, pool: Pool) -> &Queue {
+        match pool {
+            Pool::Va(Kind::Attach) => &self.attach_queue,
+            Pool::Va(Kind::Detach) => &self.detach_queue,
+            Pool::Pv => &self.pv_queue,
+        }
+    }
+
+    async fn worker(
+        self: Arc<Self>,
+        shared: Arc<Shared>,
+        handler: Arc<Handler>,
+        pool: Pool,
+        stop: CancellationToken,
+    ) {
+        shared.stores.wait_synced().await;
+        let queue = self.queue(pool);
+        loop {
+            let key = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                key = queue.get() => match key { Some(k) => k, None => return },
+            };
+            let started = Instant::now();
+            match pool {
+                Pool::Va(kind) => self.process_va(&shared, &handler, kind, &key).await,
+                Pool::Pv => self.process_pv(&shared, &handler, &key).await,
+            }
+            shared.metrics.observe_work(
+                self.name().as_deref().unwrap_or_default(),
+                queue.name(),
+                started.elapsed(),
+            );
+            queue.done(&key);
+        }
+    }
+
+    async fn process_va(&self, shared: &Shared, handler: &Handler, kind: Kind, key: &str) {
+        let queue = self.queue(Pool::Va(kind));
+        let _busy = self.busy.lock(key).await;
+        let Some(va) = shared.stores.va(key) else {
+            queue.forget(key);
+            return;
+        };
+        let driver = self.name().unwrap_or_default();
+        if va.spec.attacher != driver {
+            queue.forget(key);
+            return;
+        }
+        let deleting = va.metadata.deletion_timestamp.is_some();
+        if handler.detaches() && deleting != (kind == Kind::Detach) {
+            // The VA changed sides since it was queued.
+            queue.forget(key);
+            let other = if deleting { Kind::Detach } else { Kind::Attach };
+            self.queue(Pool::Va(other)).add(key);
+            return;
+        }
+        let span = tracing::info_span!("sync_va", va = key, node = %va.spec.node_name, pv = va.spec.source.persistent_volume_name.as_deref().unwrap_or(""));
+        match handler.sync_va(&va).instrument(span.clone()).await {
+            Ok(()) => {
+                queue.forget(key);
+                shared
+                    .metrics
+                    .observe_sync(&driver, &va, kind == Kind::Detach);
+            }
+            Err(error) => {
+                tracing::warn!(parent: &span, %error, "sync failed; retrying with backoff");
+                write(&self.info).last_error = Some(format!("{key}: {error}"));
+                shared.metrics.count_retry(&driver, queue.name());
+                queue.add_rate_limited(key);
+            }
+        }
+    }
+
+    async fn process_pv(&self, shared: &Shared, handler: &Handler, key: &str) {
+        let Some(pv) = shared.stores.pv(key) else {
+            self.pv_queue.forget(key);
+            return;
+        };
+        match handler
+            .sync_pv(&pv)
+            .instrument(tracing::info_span!("sync_pv", pv = key))
+            .await
+        {
+            Ok(()) => self.pv_queue.forget(key),
+            Err(error) => {
+                tracing::warn!(pv = key, %error, "PV sync failed; retrying with backoff");
+                self.pv_queue.add_rate_limited(key);
+            }
+        }
+    }
+
+    async fn reconciler(
+        self: Arc<Self>,
+        shared: Arc<Shared>,
+        handler: Arc<Handler>,
+        stop: CancellationToken,
+    ) {
+        shared.stores.wait_synced().await;
+        loop {
+            match handler.reconcile().await {
+                Ok(names) => {
+                    for name in names {
+                        if let Some(va) = shared.stores.va(&name) {
+                            self.enqueue_va(&handler, &va);
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "Failed to reconcile VolumeAttachment"),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.settings.reconcile_sync) => {}
+            }
+        }
+    }
+}
+
+/// How one life of a driver ended.
+enum Outcome {
+    Stopped,
+    ConnectionLost,
+    Failed(String),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Pool {
+    Va(Kind),
+    Pv,
+}
+
+impl Pool {
+    fn label(self) -> &'static str {
+        match self {
+            Pool::Va(Kind::Attach) => "attach",
+            Pool::Va(Kind::Detach) => "detach",
+            Pool::Pv => "pv",
+        }
+    }
+}
+
+struct Workers {
+    token: CancellationToken,
+    set: JoinSet<()>,
+}
+
+/// Per-key async locks; entries disappear when the last holder is done.
+#[derive(Debug, Default)]
+struct KeyLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+struct KeyGuard<'a> {
+    locks: &'a KeyLocks,
+    key: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl KeyLocks {
+    async fn lock(&self, key: &str) -> KeyGuard<'_> {
+        let m = {
+            let mut map = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            map.entry(key.to_string()).or_default().clone()
+        };
+        let guard = m.lock_owned().await;
+        KeyGuard {
+            locks: self,
+            key: key.to_string(),
+            guard: Some(guard),
+        }
+    }
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self
+            .locks
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            map.remove(&self.key);
+        }
+    }
+}

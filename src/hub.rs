@@ -1,0 +1,453 @@
+//! The hub: shared watches, the registry of drivers, the HTTP listener, and
+//! the wiring that runs them until shutdown. Sidecar mode is the hub with one
+//! driver.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use dashmap::DashMap;
+use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
+use kube::Client;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{
+    budget::Budget,
+    controller::attachment,
+    driver::{Driver, Settings, State},
+    http, leader,
+    metrics::{CsiOperations, HubMetrics},
+    router::{self, Route, Stores},
+};
+
+/// How often queue gauges are refreshed.
+const GAUGE_REFRESH: Duration = Duration::from_secs(1);
+/// How often a waiting backlog is logged (external-attacher #706 asks for 30 s).
+const BACKLOG_LOG_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Errors that end the process.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("building the Kubernetes client configuration failed")]
+    KubeConfig(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The Kubernetes client could not be built.
+    #[error("building the Kubernetes client failed")]
+    KubeClient(#[source] kube::Error),
+    /// Metrics could not be registered.
+    #[error("registering metrics failed")]
+    Metrics(#[source] prometheus::Error),
+    /// The HTTP listener could not bind.
+    #[error("listening on {address} failed")]
+    Listen {
+        /// The address.
+        address: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The HTTP listener's settings.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// `host:port`.
+    pub address: String,
+    /// Path of the metrics handler.
+    pub metrics_path: String,
+    /// Serve `/healthz/leader-election` (only with `--http-endpoint` and
+    /// leader election, as in the Go sidecar).
+    pub leader_election_health: bool,
+}
+
+/// Everything `run` needs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// kubeconfig path; `None`: in-cluster configuration (or the usual
+    /// kubeconfig search when not in a cluster).
+    pub kubeconfig: Option<PathBuf>,
+    /// Process-wide API budget: requests per second.
+    pub kube_api_qps: f64,
+    /// Process-wide API budget: burst.
+    pub kube_api_burst: u32,
+    /// Re-delivery period of every cached object.
+    pub resync: Duration,
+    /// The diagnostics listener, if any.
+    pub http: Option<HttpConfig>,
+    /// The drivers.
+    pub drivers: Vec<Settings>,
+}
+
+/// Drivers by the name they report, and by sanitized name (finalizer and
+/// Lease names).
+#[derive(Debug, Default)]
+pub struct Registry {
+    by_name: DashMap<String, Arc<Driver>>,
+    by_sanitized: DashMap<String, String>,
+    /// Every configured slot, named or not, in configuration order.
+    slots: RwLock<Vec<Arc<Driver>>>,
+}
+
+impl Registry {
+    /// Claims `name` for `driver`. Refused when another socket already serves
+    /// the name, or when another name sanitizes to the same finalizer/Lease.
+    pub fn register(&self, name: &str, driver: &Arc<Driver>) -> Result<(), String> {
+        let sanitized = attachment::sanitize_driver_name(name);
+        if let Some(existing) = self.by_name.get(name)
+            && !Arc::ptr_eq(existing.value(), driver)
+        {
+            return Err(format!(
+                "driver name {name:?} is already served by socket {}; refusing a second socket reporting it",
+                existing.settings().address
+            ));
+        }
+        match self.by_sanitized.entry(sanitized.clone()) {
+            dashmap::Entry::Occupied(e) if e.get() != name => {
+                return Err(format!(
+                    "driver name {name:?} collides with driver {:?}: both use finalizer external-attacher/{sanitized} and Lease external-attacher-leader-{sanitized}",
+                    e.get()
+                ));
+            }
+            dashmap::Entry::Occupied(_) => {}
+            dashmap::Entry::Vacant(e) => {
+                e.insert(name.to_string());
+            }
+        }
+        self.by_name.insert(name.to_string(), driver.clone());
+        Ok(())
+    }
+
+    /// Releases `name` if `driver` holds it.
+    pub fn unregister(&self, name: &str, driver: &Arc<Driver>) {
+        let removed = self
+            .by_name
+            .remove_if(name, |_, d| Arc::ptr_eq(d, driver))
+            .is_some();
+        if removed {
+            self.by_sanitized
+                .remove(&attachment::sanitize_driver_name(name));
+        }
+    }
+
+    /// The driver serving `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<Driver>> {
+        self.by_name.get(name).map(|d| d.value().clone())
+    }
+
+    /// The driver whose sanitized name is `sanitized`.
+    fn by_sanitized(&self, sanitized: &str) -> Option<(String, Arc<Driver>)> {
+        let name = self.by_sanitized.get(sanitized)?.value().clone();
+        let driver = self.get(&name)?;
+        Some((name, driver))
+    }
+
+    /// Adds a configured slot.
+    pub fn add_slot(&self, driver: Arc<Driver>) {
+        self.slots
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(driver);
+    }
+
+    /// Removes a slot.
+    pub fn remove_slot(&self, driver: &Arc<Driver>) {
+        self.slots
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|d| !Arc::ptr_eq(d, driver));
+    }
+
+    /// Every configured slot.
+    pub fn slots(&self) -> Vec<Arc<Driver>> {
+        self.slots
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// State shared by every driver of the process.
+pub struct Shared {
+    /// API client for watches and writes.
+    pub client: Client,
+    /// A separate client for leader election, so throttling or a busy
+    /// connection of the main client never costs a Lease.
+    pub leader_client: Client,
+    /// The shared caches.
+    pub stores: Stores,
+    /// The drivers.
+    pub registry: Arc<Registry>,
+    /// The CSI call histogram.
+    pub csi_ops: CsiOperations,
+    /// Per-driver series.
+    pub metrics: HubMetrics,
+    /// The process-wide API budget.
+    pub budget: Arc<Budget>,
+    /// Leader-election status per driver name, for health and `/drivers`.
+    pub leader_status: DashMap<String, leader::Status>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("stores", &self.stores)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Routes watch events to drivers.
+struct Dispatch {
+    registry: Arc<Registry>,
+}
+
+impl Route for Dispatch {
+    fn va_applied(&self, old: Option<&VolumeAttachment>, new: &VolumeAttachment) {
+        if let Some(driver) = self.registry.get(&new.spec.attacher) {
+            driver.on_va(old, new);
+        }
+    }
+
+    fn va_deleted(&self, va: &VolumeAttachment) {
+        if let Some(driver) = self.registry.get(&va.spec.attacher) {
+            driver.on_va_deleted(va);
+        }
+    }
+
+    fn pv_applied(&self, pv: &PersistentVolume) {
+        let finalizers = pv.metadata.finalizers.as_deref().unwrap_or_default();
+        for f in finalizers {
+            if let Some(sanitized) = f.strip_prefix(attachment::FINALIZER_PREFIX)
+                && let Some((name, driver)) = self.registry.by_sanitized(sanitized)
+            {
+                driver.on_pv(&name, pv);
+            }
+        }
+    }
+}
+
+/// What the HTTP listener reports.
+struct HubStatus {
+    shared: Arc<Shared>,
+    leader_election_health: bool,
+}
+
+impl http::Status for HubStatus {
+    fn leader_election_healthy(&self) -> Option<bool> {
+        if !self.leader_election_health {
+            return None;
+        }
+        // client-go's HealthzAdaptor tolerance.
+        const TOLERANCE: Duration = Duration::from_secs(20);
+        Some(
+            self.shared
+                .leader_status
+                .iter()
+                .all(|s| s.value().check(TOLERANCE).is_ok()),
+        )
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        let not_ready: Vec<String> = self
+            .shared
+            .registry
+            .slots()
+            .iter()
+            .filter(|d| !matches!(d.state(), State::Standby | State::Leading))
+            .map(|d| {
+                format!(
+                    "{} ({}): {:?}",
+                    d.name().unwrap_or_else(|| "?".into()),
+                    d.settings().address,
+                    d.state()
+                )
+            })
+            .collect();
+        if not_ready.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("drivers not ready: {}", not_ready.join("; ")))
+        }
+    }
+
+    fn drivers(&self) -> serde_json::Value {
+        serde_json::Value::Array(
+            self.shared
+                .registry
+                .slots()
+                .iter()
+                .map(|d| d.describe())
+                .collect(),
+        )
+    }
+}
+
+async fn kube_config(path: Option<&PathBuf>) -> Result<kube::Config, Error> {
+    let boxed = |e: Box<dyn std::error::Error + Send + Sync>| Error::KubeConfig(e);
+    match path {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).map_err(|e| boxed(e.into()))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| boxed(e.into()))
+        }
+        None => kube::Config::infer().await.map_err(|e| boxed(e.into())),
+    }
+}
+
+/// Runs the hub until `shutdown` is cancelled, then stops every driver (each
+/// drains its in-flight work and vacates its Lease) and returns.
+pub async fn run(
+    config: Config,
+    registry: prometheus::Registry,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let Config {
+        kubeconfig,
+        kube_api_qps,
+        kube_api_burst,
+        resync,
+        http: http_config,
+        drivers,
+    } = config;
+
+    let kube_cfg = kube_config(kubeconfig.as_ref()).await?;
+    let client = Client::try_from(kube_cfg.clone()).map_err(Error::KubeClient)?;
+    let leader_client = Client::try_from(kube_cfg).map_err(Error::KubeClient)?;
+
+    let csi_ops = CsiOperations::register(&registry).map_err(Error::Metrics)?;
+    let metrics = HubMetrics::register(&registry).map_err(Error::Metrics)?;
+    #[cfg(target_os = "linux")]
+    {
+        let pc = prometheus::process_collector::ProcessCollector::for_self();
+        registry.register(Box::new(pc)).map_err(Error::Metrics)?;
+    }
+
+    let hub_registry = Arc::new(Registry::default());
+    let watch_stop = CancellationToken::new();
+    let (stores, watches) = router::start(
+        client.clone(),
+        Arc::new(Dispatch {
+            registry: hub_registry.clone(),
+        }),
+        resync,
+        watch_stop.clone(),
+    );
+    let watches = tokio::spawn(watches.instrument(tracing::info_span!("router")));
+
+    let shared = Arc::new(Shared {
+        client,
+        leader_client,
+        stores,
+        registry: hub_registry.clone(),
+        csi_ops,
+        metrics,
+        budget: Arc::new(Budget::new(kube_api_qps, kube_api_burst)),
+        leader_status: DashMap::new(),
+    });
+
+    // The listener is up before leader election: standby replicas serve too.
+    let http_stop = CancellationToken::new();
+    let mut background = JoinSet::new();
+    if let Some(h) = http_config {
+        let listener = http::bind(&h.address)
+            .await
+            .map_err(|source| Error::Listen {
+                address: h.address.clone(),
+                source,
+            })?;
+        tracing::info!(address = %h.address, "serving metrics and health");
+        let routes = http::Routes {
+            metrics_path: h.metrics_path,
+            registry,
+            status: Arc::new(HubStatus {
+                shared: shared.clone(),
+                leader_election_health: h.leader_election_health,
+            }),
+        };
+        background.spawn(
+            http::serve(listener, routes, http_stop.clone())
+                .instrument(tracing::info_span!("http")),
+        );
+    }
+    background.spawn(
+        gauges(shared.clone(), http_stop.clone()).instrument(tracing::debug_span!("gauges")),
+    );
+
+    let mut drivers_set = JoinSet::new();
+    for settings in drivers {
+        let driver = Driver::new(settings);
+        hub_registry.add_slot(driver.clone());
+        let span = tracing::info_span!("driver", socket = %driver.settings().address);
+        drivers_set.spawn(
+            driver
+                .run(shared.clone(), shutdown.clone())
+                .instrument(span),
+        );
+    }
+
+    shutdown.cancelled().await;
+    tracing::info!("shutting down: draining drivers and releasing leases");
+    while drivers_set.join_next().await.is_some() {}
+    watch_stop.cancel();
+    http_stop.cancel();
+    let _ = watches.await;
+    while background.join_next().await.is_some() {}
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Refreshes queue and driver gauges, and logs any backlog periodically.
+async fn gauges(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(GAUGE_REFRESH);
+    let mut last_log = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let log_now = last_log.elapsed() >= BACKLOG_LOG_INTERVAL;
+        for d in shared.registry.slots() {
+            let Some(name) = d.name() else { continue };
+            let up = matches!(d.state(), State::Standby | State::Leading);
+            shared
+                .metrics
+                .driver_up
+                .with_label_values(&[name.as_str()])
+                .set(if up { 1.0 } else { 0.0 });
+            for (pool, q) in d.queue_depths() {
+                let labels = [q.name(), name.as_str(), pool];
+                shared
+                    .metrics
+                    .queue_depth
+                    .with_label_values(&labels)
+                    .set(q.len() as f64);
+                let oldest = q.oldest_age().map_or(0.0, |a| a.as_secs_f64());
+                shared
+                    .metrics
+                    .queue_oldest_age
+                    .with_label_values(&labels)
+                    .set(oldest);
+                let longest = q.longest_processing().map_or(0.0, |a| a.as_secs_f64());
+                shared
+                    .metrics
+                    .queue_longest_running
+                    .with_label_values(&labels)
+                    .set(longest);
+                if log_now && !q.is_empty() {
+                    tracing::info!(driver = %name, queue = pool, depth = q.len(), processing = q.processing_len(), oldest_seconds = oldest, "work queue backlog");
+                }
+            }
+        }
+        if log_now {
+            last_log = tokio::time::Instant::now();
+        }
+    }
+}
