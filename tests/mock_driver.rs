@@ -543,14 +543,13 @@ async fn close_drops_the_connection_and_serves_again_after_the_delay() {
     // The rule fired once and is gone; the mock comes back on the same path.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(ch) = connect(&mock.sock).await {
-            if IdentityClient::new(ch)
+        if let Ok(ch) = connect(&mock.sock).await
+            && IdentityClient::new(ch)
                 .probe(proto::ProbeRequest {})
                 .await
                 .is_ok()
-            {
-                break;
-            }
+        {
+            break;
         }
         assert!(Instant::now() < deadline, "mock did not come back");
         tokio::time::sleep(Duration::from_millis(100)).await;

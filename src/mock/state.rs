@@ -311,10 +311,10 @@ impl State {
         if !self.volumes.contains_key(volume_id) {
             return Err(Error::VolumeNotFound(volume_id.to_string()));
         }
-        if let Some(prefix) = &limits.missing_node_prefix {
-            if node.starts_with(prefix.as_str()) {
-                return Err(Error::NodeNotFound(node.to_string()));
-            }
+        if let Some(prefix) = &limits.missing_node_prefix
+            && node.starts_with(prefix.as_str())
+        {
+            return Err(Error::NodeNotFound(node.to_string()));
         }
         let wanted = Attachment {
             capability: cap.clone(),
