@@ -451,7 +451,7 @@ impl Driver {
                 (Leadership::Leading, false) => {
                     self.set_state(State::Leading);
                     shared.metrics.set_leader(name, true);
-                    workers = Some(self.clone().start_workers(shared, handler.clone()));
+                    workers = Some(self.clone().start_workers(shared, &handler));
                 }
                 (Leadership::Standby { holder }, running) => {
                     if running && let Some(w) = workers.take() {
@@ -515,7 +515,7 @@ impl Driver {
         }
         let writer = Writer::new(shared.client.clone(), budgets);
         if caps.needs_attach() {
-            Handler::Csi(CsiHandler::new(
+            Handler::Csi(Box::new(CsiHandler::new(
                 name.to_string(),
                 client,
                 caps,
@@ -527,14 +527,14 @@ impl Driver {
                     max_entries: self.settings.max_entries,
                     save_error_code: self.settings.save_error_code,
                 },
-            ))
+            )))
         } else {
             tracing::info!("driver does not attach; using the trivial handler");
             Handler::Trivial(TrivialHandler::new(writer))
         }
     }
 
-    fn start_workers(self: Arc<Self>, shared: &Arc<Shared>, handler: Arc<Handler>) -> Workers {
+    fn start_workers(self: Arc<Self>, shared: &Arc<Shared>, handler: &Arc<Handler>) -> Workers {
         let token = CancellationToken::new();
         let mut set = JoinSet::new();
         *write(&self.handler) = Some(handler.clone());

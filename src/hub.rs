@@ -338,7 +338,7 @@ pub async fn run(
             registry: hub_registry.clone(),
         }),
         resync,
-        watch_stop.clone(),
+        &watch_stop,
     );
     let watches = tokio::spawn(watches.instrument(tracing::info_span!("router")));
 

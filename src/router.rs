@@ -89,7 +89,7 @@ pub fn start(
     client: Client,
     route: Arc<dyn Route>,
     resync: Duration,
-    shutdown: CancellationToken,
+    shutdown: &CancellationToken,
 ) -> (
     Stores,
     impl std::future::Future<Output = ()> + Send + 'static,

@@ -71,7 +71,11 @@ pub fn init(format: Format, default_directive: &str) {
     let registry = tracing_subscriber::registry().with(filter);
     let result = match format {
         Format::Text => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
         Format::Json => registry
             .with(fmt::layer().json().with_writer(std::io::stderr))

@@ -436,7 +436,7 @@ impl CsiHandler {
             };
             let found = published
                 .get(&handle)
-                .is_some_and(|nodes| nodes.iter().any(|n| *n == node_id));
+                .is_some_and(|nodes| nodes.contains(&node_id));
             let attached = va.status.as_ref().is_some_and(|s| s.attached);
             if found != attached {
                 tracing::info!(va = %name, published = found, attached, "VolumeAttachment attached status and actual state do not match");

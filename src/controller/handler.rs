@@ -12,7 +12,7 @@ use crate::csi;
 #[derive(Debug)]
 pub enum Handler {
     /// ControllerPublish/Unpublish, finalizers, reconciler.
-    Csi(CsiHandler),
+    Csi(Box<CsiHandler>),
     /// Marks VAs attached; nothing else.
     Trivial(TrivialHandler),
 }
