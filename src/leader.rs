@@ -949,16 +949,19 @@ impl LeaderElector {
     }
 }
 
-/// `error: cause: cause` on one line, for logs.
+/// `error: root cause` on one line, for logs. Only the innermost cause is appended: kube's
+/// `Error::Api` already repeats its `Status` in its own message.
 fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
+    let mut root = None;
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        root = Some(cause);
         source = cause.source();
     }
-    text
+    match root {
+        Some(cause) => format!("{error}: {cause}"),
+        None => error.to_string(),
+    }
 }
 
 #[cfg(test)]
