@@ -1,0 +1,37 @@
+# Entry points for humans and CI. Recipes stay thin: the logic lives in
+# scripts/ and tools/testbins/build.sh.
+#
+#   make demo          start the control plane and two mock CSI drivers
+#   make test          fmt check, clippy -D warnings, unit + integration tests, csi-sanity
+#   make testbins      build or reuse the Go test tools (last line: their directory)
+#   make cluster-up    start etcd + kube-apiserver (last line: admin kubeconfig path)
+#   make cluster-down  stop them
+
+# Where the local control plane keeps its state, logs and kubeconfigs.
+CLUSTER_DIR ?= .work/cluster
+
+.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy
+
+demo:
+	@scripts/demo.sh $(CLUSTER_DIR)
+
+test:
+	@MAKE="$(MAKE)" scripts/test.sh $(CLUSTER_DIR)
+
+testbins:
+	@tools/testbins/build.sh
+
+cluster-up:
+	@scripts/cluster-up.sh $(CLUSTER_DIR)
+
+cluster-down:
+	@scripts/cluster-down.sh $(CLUSTER_DIR)
+
+sanity:
+	@scripts/sanity.sh
+
+fmt:
+	cargo fmt --all
+
+clippy:
+	cargo clippy --all-targets -- -D warnings

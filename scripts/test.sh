@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The whole check behind `make test`: rustfmt check, clippy with -D warnings,
+# then every unit and integration test against a local control plane, then
+# `make sanity`. A control plane this script starts is stopped on exit, also
+# on failure; one that was already running (make cluster-up) is reused and
+# left running.
+#
+# Usage: scripts/test.sh [CLUSTER_DIR]
+set -euo pipefail
+. "$(dirname "$0")/cluster-lib.sh"
+cd "$repo_root"
+dir=$(cluster_dir "${1:-}")
+
+timings=()
+phase() { # name command...
+  local name=$1 t0
+  shift
+  t0=$(date +%s)
+  echo "test: $name" >&2
+  "$@"
+  timings+=("$name $(( $(date +%s) - t0 ))s")
+}
+
+phase "cargo fmt --check" cargo fmt --all -- --check
+phase "cargo clippy" cargo clippy --all-targets -- -D warnings
+
+started=0
+cluster_healthy "$dir" || started=1
+on_exit() {
+  local rc=$?
+  if [ "$started" = 1 ]; then "$repo_root/scripts/cluster-down.sh" "$dir" || true; fi
+  echo "test: timings: ${timings[*]:-none}" >&2
+  [ "$rc" = 0 ] && echo "test: all checks passed" >&2 || echo "test: FAILED (exit $rc)" >&2
+  exit "$rc"
+}
+trap on_exit EXIT
+
+# cluster-up.sh fails (non-zero) when the control plane cannot start; so does this script.
+phase "cluster-up" "$repo_root/scripts/cluster-up.sh" "$dir" >/dev/null
+# shellcheck disable=SC1091
+. "$dir/env"
+phase "cargo test" cargo test
+phase "sanity" "${MAKE:-make}" --no-print-directory sanity

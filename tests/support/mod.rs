@@ -1,0 +1,30 @@
+//! Shared harness for the integration tests: a real kube-apiserver (started
+//! by `scripts/cluster-up.sh` unless the environment names one), clients for
+//! the admin and the least-privileged attacher identity, object fixtures,
+//! watch-based waits, and CSI driver / attacher processes on per-test sockets.
+//!
+//! Every integration test file includes it with `mod support;` and uses a
+//! subset, hence the module-wide allowances for unused items and re-exports.
+#![allow(dead_code, unused_imports)]
+
+mod cluster;
+mod fixtures;
+mod names;
+mod process;
+mod wait;
+
+pub(crate) use cluster::Cluster;
+pub(crate) use fixtures::{
+    PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
+    is_attached, sanitize_driver_name, va,
+};
+pub(crate) use names::{test_name, unique_driver_name, unique_name};
+pub(crate) use process::{
+    ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher,
+};
+pub(crate) use wait::{WaitError, wait_deleted, wait_for};
+
+/// Default time allowed for a condition that a healthy controller reaches in
+/// well under a second; generous because the two cores are shared with etcd,
+/// the API server and the Go processes.
+pub(crate) const WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
