@@ -41,6 +41,11 @@ pub mod method {
 /// (spec section 5); 64 MiB leaves ample room while still bounding memory.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
+/// The status of a call whose deadline passed, worded as grpc-go words it.
+fn deadline_exceeded() -> tonic::Status {
+    tonic::Status::deadline_exceeded("context deadline exceeded")
+}
+
 /// A failed CSI call.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("{}", status::go_error_text(.status))]
@@ -185,10 +190,21 @@ impl DriverClient {
     {
         let started = Instant::now();
         let result = match tokio::time::timeout(timeout, fut).await {
-            Ok(result) => result.map(tonic::Response::into_inner),
-            Err(_) => Err(tonic::Status::deadline_exceeded(
-                "context deadline exceeded",
-            )),
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            // Our deadline passed; the server noticed it first (it got the
+            // grpc-timeout header) and reset the stream. grpc-go clients
+            // report their own context's deadline here, and so do we.
+            Ok(Err(status))
+                if started.elapsed() >= timeout
+                    && matches!(
+                        status.code(),
+                        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+                    ) =>
+            {
+                Err(deadline_exceeded())
+            }
+            Ok(Err(status)) => Err(status),
+            Err(_) => Err(deadline_exceeded()),
         };
         let code = match &result {
             Ok(_) => "OK",
@@ -397,7 +413,7 @@ impl DriverClient {
             if remaining.is_zero() {
                 return Err(CallError {
                     method: method::LIST_VOLUMES,
-                    status: tonic::Status::deadline_exceeded("context deadline exceeded"),
+                    status: deadline_exceeded(),
                 });
             }
             let page = self
