@@ -21,11 +21,7 @@ phase() { # name command...
   timings+=("$name $(( $(date +%s) - t0 ))s")
 }
 
-phase "cargo fmt --check" cargo fmt --all -- --check
-phase "cargo clippy" cargo clippy --all-targets -- -D warnings
-
 started=0
-cluster_healthy "$dir" || started=1
 on_exit() {
   local rc=$?
   if [ "$started" = 1 ]; then "$repo_root/scripts/cluster-down.sh" "$dir" || true; fi
@@ -34,6 +30,11 @@ on_exit() {
   exit "$rc"
 }
 trap on_exit EXIT
+
+phase "cargo fmt --check" cargo fmt --all -- --check
+phase "cargo clippy" cargo clippy --all-targets -- -D warnings
+
+cluster_healthy "$dir" || started=1
 
 # cluster-up.sh fails (non-zero) when the control plane cannot start; so does this script.
 phase "cluster-up" "$repo_root/scripts/cluster-up.sh" "$dir" >/dev/null
