@@ -12,9 +12,9 @@
 //!   alone. Otherwise it is replaced carrying the `resourceVersion` that was read, so a
 //!   `409 Conflict` means that another candidate won the race;
 //! * the leader renews every `retry_period` (first with an update from its cached Lease, the
-//!   "fast path", then with a GET as above); if renewals keep failing for `renew_deadline` it
-//!   stops leading. Because `renew_deadline < lease_duration`, it has stopped before any other
-//!   candidate can consider the Lease expired;
+//!   "fast path", then with a GET as above); if renewals keep failing for `renew_deadline` since
+//!   the last successful one, it stops leading. Because `renew_deadline < lease_duration`, it has
+//!   stopped before any other candidate can consider the Lease expired;
 //! * on cancellation with `release_on_cancel`, the leader first publishes
 //!   [`Leadership::Standby`] and then writes an empty holder with `leaseDurationSeconds: 1`, so a
 //!   waiting candidate (Go or Rust) takes over on its next attempt.
@@ -661,7 +661,7 @@ impl LeaderElector {
             self.set_leading(true);
             match self.lead(&shutdown).await {
                 LeadEnd::Lost => {
-                    info!("stopped leading: failed to renew the lease within the renew deadline");
+                    info!("stopped leading: lost the lease");
                     self.set_leading(false);
                 }
                 LeadEnd::Cancelled => {
@@ -703,9 +703,15 @@ impl LeaderElector {
         }
     }
 
-    /// Renews every retry period; returns when a renewal round fails for `renew_deadline` or
-    /// `shutdown` is cancelled.
+    /// Renews every retry period; returns when renewals have failed for `renew_deadline`, when
+    /// another candidate is seen holding the Lease, or when `shutdown` is cancelled.
+    ///
+    /// Two deliberate differences from client-go, both of which end leadership *earlier*, never
+    /// later: the renew deadline runs from the last successful renewal (client-go starts it one
+    /// retry period later, when the failing round begins), and a Lease observed in another
+    /// candidate's hands ends leadership at once instead of at the deadline.
     async fn lead(&mut self, shutdown: &CancellationToken) -> LeadEnd {
+        let mut last_success = Instant::now();
         loop {
             tokio::select! {
                 biased;
@@ -714,7 +720,7 @@ impl LeaderElector {
             }
             // One renewal round: attempts every retry period until one succeeds or the renew
             // deadline passes (client-go `PollImmediateUntil` under a deadline context).
-            let deadline = Instant::now() + self.config.renew_deadline;
+            let deadline = last_success + self.config.renew_deadline;
             loop {
                 let attempt = tokio::select! {
                     biased;
@@ -722,8 +728,14 @@ impl LeaderElector {
                     result = self.try_acquire_or_renew(deadline) => result,
                 };
                 match attempt {
-                    Ok(true) => break,
-                    Ok(false) => debug!("lease is held by another candidate"),
+                    Ok(true) => {
+                        last_success = Instant::now();
+                        break;
+                    }
+                    Ok(false) => {
+                        warn!("the lease was taken over by another candidate");
+                        return LeadEnd::Lost;
+                    }
                     Err(e) => warn!(error = %error_chain(&e), "failed to renew lease"),
                 }
                 let next = Instant::now() + self.config.retry_period;
@@ -1178,5 +1190,277 @@ mod tests {
         // A standby with an old renewal is healthy.
         status.lock().leading = false;
         assert_eq!(status.check(HEALTH_TOLERANCE), Ok(()));
+    }
+
+    /// An in-memory Lease endpoint that enforces `resourceVersion` preconditions like the API
+    /// server, for driving the elector's loops under paused time.
+    mod fake {
+        use std::convert::Infallible;
+        use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+        use http::{Method, Request, Response, StatusCode};
+        use k8s_openapi::api::coordination::v1::Lease;
+        use kube::Client;
+        use kube::client::Body;
+
+        /// What the fake API server holds.
+        #[derive(Debug, Default)]
+        pub(super) struct State {
+            /// The stored Lease.
+            pub(super) lease: Option<Lease>,
+            /// Last resourceVersion handed out.
+            pub(super) rv: u64,
+            /// Answer every request with 500.
+            pub(super) fail: bool,
+            /// Successful writes (POST/PUT), in order.
+            pub(super) writes: Vec<Lease>,
+        }
+
+        /// Shared handle on the fake's state.
+        #[derive(Clone, Debug, Default)]
+        pub(super) struct Fake(Arc<Mutex<State>>);
+
+        impl Fake {
+            pub(super) fn state(&self) -> MutexGuard<'_, State> {
+                self.0.lock().unwrap_or_else(PoisonError::into_inner)
+            }
+
+            /// Stores `lease` as if another client wrote it.
+            pub(super) fn put(&self, mut lease: Lease) {
+                let mut st = self.state();
+                st.rv += 1;
+                lease.metadata.resource_version = Some(st.rv.to_string());
+                st.lease = Some(lease);
+            }
+
+            pub(super) fn client(&self) -> Client {
+                let fake = self.clone();
+                let svc = tower::service_fn(move |req: Request<Body>| {
+                    let fake = fake.clone();
+                    async move { Ok::<_, Infallible>(fake.handle(req).await) }
+                });
+                Client::new(svc, "default")
+            }
+
+            async fn handle(&self, req: Request<Body>) -> Response<Body> {
+                let method = req.method().clone();
+                let body = req.into_body().collect_bytes().await.unwrap_or_default();
+                let mut st = self.state();
+                if st.fail {
+                    return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError");
+                }
+                match method {
+                    Method::GET => match &st.lease {
+                        Some(lease) => json(StatusCode::OK, lease),
+                        None => status(StatusCode::NOT_FOUND, "NotFound"),
+                    },
+                    Method::POST if st.lease.is_some() => {
+                        status(StatusCode::CONFLICT, "AlreadyExists")
+                    }
+                    Method::POST | Method::PUT => {
+                        let Ok(mut lease) = serde_json::from_slice::<Lease>(&body) else {
+                            return status(StatusCode::BAD_REQUEST, "BadRequest");
+                        };
+                        if method == Method::PUT {
+                            let current = st
+                                .lease
+                                .as_ref()
+                                .and_then(|l| l.metadata.resource_version.clone());
+                            if lease.metadata.resource_version != current {
+                                return status(StatusCode::CONFLICT, "Conflict");
+                            }
+                        }
+                        st.rv += 1;
+                        lease.metadata.resource_version = Some(st.rv.to_string());
+                        st.lease = Some(lease.clone());
+                        st.writes.push(lease.clone());
+                        json(StatusCode::OK, &lease)
+                    }
+                    _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+                }
+            }
+        }
+
+        fn json(code: StatusCode, lease: &Lease) -> Response<Body> {
+            let mut resp = Response::new(Body::from(serde_json::to_vec(lease).unwrap_or_default()));
+            *resp.status_mut() = code;
+            resp
+        }
+
+        fn status(code: StatusCode, reason: &str) -> Response<Body> {
+            let body = serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "code": code.as_u16(), "reason": reason, "message": reason,
+            });
+            let mut resp = Response::new(Body::from(body.to_string().into_bytes()));
+            *resp.status_mut() = code;
+            resp
+        }
+    }
+
+    fn fast_config(identity: &str) -> Config {
+        let mut c = Config::new("lease", "default", identity);
+        c.lease_duration = Duration::from_secs(4);
+        c.renew_deadline = Duration::from_secs(3);
+        c.retry_period = Duration::from_secs(1);
+        c.release_on_cancel = true;
+        c
+    }
+
+    fn spawn_on(
+        fake: &fake::Fake,
+        config: Config,
+    ) -> (
+        watch::Receiver<Leadership>,
+        JoinHandle<Result<()>>,
+        CancellationToken,
+        Status,
+    ) {
+        let elector =
+            LeaderElector::new(Api::namespaced(fake.client(), "default"), config).expect("valid");
+        let status = elector.status();
+        let token = CancellationToken::new();
+        let (rx, handle) = elector.spawn(token.clone());
+        (rx, handle, token, status)
+    }
+
+    fn held_by(holder: &str, transitions: i32) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("lease".into()),
+                namespace: Some("default".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(record(holder, transitions).to_spec()),
+        }
+    }
+
+    fn stored_record(fake: &fake::Fake) -> Record {
+        Record::from_spec(fake.state().lease.as_ref().and_then(|l| l.spec.as_ref()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn creates_renews_and_releases() {
+        let fake = fake::Fake::default();
+        let mut c = fast_config("me");
+        c.labels.insert("k".into(), "v".into());
+        let (mut rx, handle, token, status) = spawn_on(&fake, c);
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let created = stored_record(&fake);
+        assert_eq!((created.holder.as_str(), created.transitions), ("me", 0));
+        assert_eq!(created.lease_duration_seconds, 4);
+        assert_eq!(status.holder().as_deref(), Some("me"));
+
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        let renewed = stored_record(&fake);
+        assert_eq!(renewed.acquire_time, created.acquire_time);
+        assert_eq!(renewed.transitions, 0);
+        assert_eq!(
+            fake.state().writes.len(),
+            4,
+            "create + one renewal per second"
+        );
+        assert!(fake.state().writes.iter().all(|l| {
+            l.metadata
+                .labels
+                .as_ref()
+                .and_then(|m| m.get("k"))
+                .map(String::as_str)
+                == Some("v")
+        }));
+        assert_eq!(status.check(HEALTH_TOLERANCE), Ok(()));
+
+        token.cancel();
+        handle.await.expect("task").expect("released");
+        assert!(!rx.borrow().is_leading());
+        let released = stored_record(&fake);
+        assert_eq!(released.holder, "");
+        assert_eq!(released.lease_duration_seconds, 1);
+        assert_eq!(released.transitions, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn takes_over_a_stale_foreign_lease_after_lease_duration() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 2));
+        let start = Instant::now();
+        let (mut rx, _handle, _token, status) = spawn_on(&fake, fast_config("me"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            *rx.borrow(),
+            Leadership::Standby {
+                holder: Some("other".into())
+            }
+        );
+        assert_eq!(status.holder().as_deref(), Some("other"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let waited = start.elapsed();
+        assert!(
+            waited > Duration::from_secs(4) && waited < Duration::from_millis(6300),
+            "took over after {waited:?}"
+        );
+        let r = stored_record(&fake);
+        assert_eq!((r.holder.as_str(), r.transitions), ("me", 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewing_foreign_holder_is_never_displaced() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 0));
+        let (rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
+        for i in 0..20 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut lease = fake.state().lease.clone().expect("lease");
+            let mut r = stored_record(&fake);
+            r.renew_time = Some(MicroTime(Timestamp::constant(i, 0)));
+            lease.spec = Some(r.to_spec());
+            fake.put(lease);
+            assert!(!rx.borrow().is_leading());
+        }
+        assert_eq!(stored_record(&fake).holder, "other");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_leading_when_renewals_fail_for_the_renew_deadline() {
+        let fake = fake::Fake::default();
+        let (mut rx, _handle, _token, status) = spawn_on(&fake, fast_config("me"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let last_renew = status.last_renew().expect("renewed");
+        fake.state().fail = true;
+        rx.wait_for(|l| !l.is_leading()).await.expect("loses");
+        let lost_after = last_renew.elapsed();
+        assert!(
+            lost_after <= Duration::from_secs(3),
+            "lost {lost_after:?} after the last renewal, beyond the renew deadline"
+        );
+        assert!(
+            lost_after >= Duration::from_secs(2),
+            "gave up early: {lost_after:?}"
+        );
+        // It competes again once the API server recovers.
+        fake.state().fail = false;
+        rx.wait_for(Leadership::is_leading)
+            .await
+            .expect("leads again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_leading_at_once_when_another_candidate_holds_the_lease() {
+        let fake = fake::Fake::default();
+        let (mut rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let mut lease = fake.state().lease.clone().expect("lease");
+        lease.spec = Some(record("intruder", 1).to_spec());
+        fake.put(lease);
+        let start = Instant::now();
+        rx.wait_for(|l| !l.is_leading()).await.expect("loses");
+        assert!(start.elapsed() <= Duration::from_millis(1100));
+        assert_eq!(
+            *rx.borrow(),
+            Leadership::Standby {
+                holder: Some("intruder".into())
+            }
+        );
     }
 }
