@@ -116,8 +116,22 @@ pub enum State {
         /// What went wrong.
         reason: String,
     },
+    /// A discovered socket whose driver has no controller service (a node
+    /// plugin): recorded, not served, not an error.
+    NoControllerService,
     /// Stopped (removed from the configuration or shutting down).
     Stopped,
+}
+
+/// How a driver slot came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Named on the command line or in `drivers.yaml`: it is served whatever
+    /// its capabilities (the trivial handler for non-attaching drivers).
+    Configured,
+    /// Found by `--driver-sockets`: without a controller service it is a node
+    /// plugin, which this process records but does not act for.
+    Discovered,
 }
 
 /// What `/drivers` shows of a driver.
@@ -144,6 +158,8 @@ enum Kind {
 pub struct Driver {
     /// Its settings.
     settings: Settings,
+    /// Configured or discovered.
+    origin: Origin,
     /// VAs to attach.
     attach_queue: Queue,
     /// VAs to detach: a separate pool, so a detach storm never starves attaches.
@@ -171,7 +187,7 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 impl Driver {
     /// A driver slot for `settings`; [`Driver::run`] brings it to life.
-    pub fn new(settings: Settings) -> Arc<Self> {
+    pub fn new(settings: Settings, origin: Origin) -> Arc<Self> {
         let q = |name: &str| {
             Queue::new(
                 name,
@@ -180,6 +196,7 @@ impl Driver {
             )
         };
         Arc::new(Self {
+            origin,
             attach_queue: q(VA_QUEUE_NAME),
             detach_queue: q(VA_QUEUE_NAME),
             pv_queue: q(PV_QUEUE_NAME),
@@ -227,6 +244,7 @@ impl Driver {
             "lease": info.lease,
             "leaseHolder": info.lease_holder,
             "leaderElection": self.settings.leader_election.is_some(),
+            "discovered": self.origin == Origin::Discovered,
             "queues": {
                 "attach": { "depth": self.attach_queue.len(), "processing": self.attach_queue.processing_len(), "oldestSeconds": self.attach_queue.oldest_age().map(|d| d.as_secs_f64()) },
                 "detach": { "depth": self.detach_queue.len(), "processing": self.detach_queue.processing_len(), "oldestSeconds": self.detach_queue.oldest_age().map(|d| d.as_secs_f64()) },
@@ -386,6 +404,14 @@ impl Driver {
             let mut info = write(&self.info);
             info.name = Some(name.clone());
             info.capabilities = Some(caps);
+        }
+        if self.origin == Origin::Discovered && !caps.controller_service {
+            tracing::info!(driver = %name, "discovered socket has no controller service; recording it as a node plugin");
+            self.set_state(State::NoControllerService);
+            return tokio::select! {
+                () = stop.cancelled() => Outcome::Stopped,
+                _ = losses.changed() => Outcome::ConnectionLost,
+            };
         }
         if let Err(reason) = shared.registry.register(&name, &self) {
             return Outcome::Failed(reason);

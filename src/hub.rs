@@ -3,7 +3,8 @@
 //! driver.
 
 use std::{
-    path::PathBuf,
+    collections::HashMap,
+    path::{Path, PathBuf},
     sync::{Arc, RwLock},
     time::Duration,
 };
@@ -18,7 +19,8 @@ use tracing::Instrument;
 use crate::{
     budget::Budget,
     controller::attachment,
-    driver::{Driver, Settings, State},
+    csi::Address,
+    driver::{Driver, Origin, Settings, State},
     http, leader,
     metrics::{CsiOperations, HubMetrics},
     router::{self, Route, Stores},
@@ -78,8 +80,10 @@ pub struct Config {
     pub resync: Duration,
     /// The diagnostics listener, if any.
     pub http: Option<HttpConfig>,
-    /// The drivers.
+    /// The drivers at start-up.
     pub drivers: Vec<Settings>,
+    /// How the driver list changes at run time.
+    pub source: Source,
 }
 
 /// Drivers by the name they report, and by sanitized name (finalizer and
@@ -256,7 +260,12 @@ impl http::Status for HubStatus {
             .registry
             .slots()
             .iter()
-            .filter(|d| !matches!(d.state(), State::Standby | State::Leading))
+            .filter(|d| {
+                !matches!(
+                    d.state(),
+                    State::Standby | State::Leading | State::NoControllerService
+                )
+            })
             .map(|d| {
                 format!(
                     "{} ({}): {:?}",
@@ -316,6 +325,7 @@ pub async fn run(
         resync,
         http: http_config,
         drivers,
+        source,
     } = config;
 
     let kube_cfg = kube_config(kubeconfig.as_ref()).await?;
@@ -381,21 +391,10 @@ pub async fn run(
         gauges(shared.clone(), http_stop.clone()).instrument(tracing::debug_span!("gauges")),
     );
 
-    let mut drivers_set = JoinSet::new();
-    for settings in drivers {
-        let driver = Driver::new(settings);
-        hub_registry.add_slot(driver.clone());
-        let span = tracing::info_span!("driver", socket = %driver.settings().address);
-        drivers_set.spawn(
-            driver
-                .run(shared.clone(), shutdown.clone())
-                .instrument(span),
-        );
-    }
-
-    shutdown.cancelled().await;
-    tracing::info!("shutting down: draining drivers and releasing leases");
-    while drivers_set.join_next().await.is_some() {}
+    Supervisor::new(shared.clone(), source)
+        .run(drivers, shutdown)
+        .instrument(tracing::info_span!("supervisor"))
+        .await;
     watch_stop.cancel();
     http_stop.cancel();
     let _ = watches.await;
@@ -450,4 +449,254 @@ async fn gauges(shared: Arc<Shared>, stop: CancellationToken) {
             last_log = tokio::time::Instant::now();
         }
     }
+}
+
+/// How often the driver file and the discovery glob are checked for changes.
+const SOURCE_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Reads and validates the driver file; the error text names file, line and
+/// field.
+pub type Loader = Arc<dyn Fn(&Path) -> Result<Vec<Settings>, String> + Send + Sync>;
+
+/// Where the driver list comes from at run time.
+#[derive(Clone)]
+pub enum Source {
+    /// The start-up list never changes (sidecar mode).
+    Fixed,
+    /// `--config`: re-read on SIGHUP and whenever the file's content changes
+    /// (which also catches a ConfigMap mount swapping its `..data` link).
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Reads and validates it.
+        load: Loader,
+        /// Sockets matching this glob are drivers too (`--driver-sockets`).
+        discover: Option<Discovery>,
+    },
+    /// `--driver-sockets` alone: every matching socket is a driver.
+    Discover(Discovery),
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fixed => f.write_str("Fixed"),
+            Self::File { path, discover, .. } => f
+                .debug_struct("File")
+                .field("path", path)
+                .field("discover", discover)
+                .finish_non_exhaustive(),
+            Self::Discover(d) => f.debug_tuple("Discover").field(d).finish(),
+        }
+    }
+}
+
+/// Discovery of driver sockets by a glob.
+#[derive(Clone)]
+pub struct Discovery {
+    /// The glob, e.g. `/var/lib/kubelet/plugins/*/csi.sock`.
+    pub pattern: String,
+    /// Settings of a discovered socket (the flags' defaults).
+    pub settings_for: Arc<dyn Fn(Address) -> Settings + Send + Sync>,
+}
+
+impl std::fmt::Debug for Discovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Discovery")
+            .field("pattern", &self.pattern)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Discovery {
+    /// The sockets matching the glob now, as driver settings, sorted.
+    fn scan(&self) -> Vec<Settings> {
+        let paths = match glob::glob(&self.pattern) {
+            Ok(paths) => paths,
+            Err(error) => {
+                tracing::warn!(pattern = %self.pattern, %error, "invalid driver socket glob");
+                return Vec::new();
+            }
+        };
+        let mut found: Vec<Settings> = paths
+            .filter_map(Result::ok)
+            .filter(|p| is_socket(p))
+            .filter_map(|p| p.to_str().and_then(|s| s.parse::<Address>().ok()))
+            .map(|a| (self.settings_for)(a))
+            .collect();
+        found.sort_by(|a, b| a.address.path().cmp(b.address.path()));
+        found
+    }
+}
+
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// A driver slot that is running.
+struct Running {
+    settings: Settings,
+    origin: Origin,
+    driver: Arc<Driver>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts, stops and restarts drivers as the driver list changes; drivers
+/// whose settings did not change are left alone.
+struct Supervisor {
+    shared: Arc<Shared>,
+    source: Source,
+    running: HashMap<PathBuf, Running>,
+}
+
+impl Supervisor {
+    fn new(shared: Arc<Shared>, source: Source) -> Self {
+        Self {
+            shared,
+            source,
+            running: HashMap::new(),
+        }
+    }
+
+    async fn run(mut self, initial: Vec<Settings>, shutdown: CancellationToken) {
+        let mut configured = initial;
+        let mut file_digest = match &self.source {
+            Source::File { path, .. } => digest(path),
+            _ => None,
+        };
+        let discovery = match &self.source {
+            Source::File { discover, .. } => discover.clone(),
+            Source::Discover(d) => Some(d.clone()),
+            Source::Fixed => None,
+        };
+        let mut discovered = discovery.as_ref().map(Discovery::scan).unwrap_or_default();
+        self.apply(&configured, &discovered).await;
+
+        let mut hangup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut tick = tokio::time::interval(SOURCE_POLL_INTERVAL);
+        loop {
+            let forced = tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = async {
+                    match hangup.as_mut() {
+                        Some(h) => { h.recv().await; }
+                        None => std::future::pending::<()>().await,
+                    }
+                } => true,
+                _ = tick.tick() => false,
+            };
+            if let Source::File { path, load, .. } = &self.source {
+                let now = digest(path);
+                if forced || now != file_digest {
+                    file_digest = now;
+                    tracing::info!(path = %path.display(), signal = forced, "re-reading the driver file");
+                    match load(path) {
+                        Ok(drivers) => configured = drivers,
+                        Err(error) => {
+                            tracing::error!(%error, "the new driver file is invalid; keeping the running configuration")
+                        }
+                    }
+                }
+            }
+            if let Some(d) = &discovery {
+                discovered = d.scan();
+            }
+            self.apply(&configured, &discovered).await;
+        }
+
+        tracing::info!("shutting down: draining drivers and releasing leases");
+        let stopping: Vec<Running> = self.running.drain().map(|(_, r)| r).collect();
+        for r in &stopping {
+            r.stop.cancel();
+        }
+        for r in stopping {
+            let _ = r.task.await;
+            self.shared.registry.remove_slot(&r.driver);
+        }
+    }
+
+    /// Makes the running set equal to `configured` plus the discovered
+    /// sockets that are not configured.
+    async fn apply(&mut self, configured: &[Settings], discovered: &[Settings]) {
+        let mut desired: Vec<(Settings, Origin)> = configured
+            .iter()
+            .cloned()
+            .map(|s| (s, Origin::Configured))
+            .collect();
+        for d in discovered {
+            if !desired.iter().any(|(s, _)| s.address == d.address) {
+                desired.push((d.clone(), Origin::Discovered));
+            }
+        }
+        let wanted: HashMap<PathBuf, (Settings, Origin)> = desired
+            .into_iter()
+            .map(|(s, o)| (s.address.path().to_path_buf(), (s, o)))
+            .collect();
+
+        // Stop what is gone or changed, all at once, then wait for them.
+        let stale: Vec<PathBuf> = self
+            .running
+            .iter()
+            .filter(|(path, r)| {
+                wanted
+                    .get(*path)
+                    .is_none_or(|(s, o)| *s != r.settings || *o != r.origin)
+            })
+            .map(|(path, _)| path.clone())
+            .collect();
+        let mut stopping = Vec::new();
+        for path in stale {
+            if let Some(r) = self.running.remove(&path) {
+                tracing::info!(socket = %r.settings.address, "stopping driver (removed or changed)");
+                r.stop.cancel();
+                stopping.push(r);
+            }
+        }
+        for r in stopping {
+            let _ = r.task.await;
+            self.shared.registry.remove_slot(&r.driver);
+        }
+
+        // Start what is new (or changed).
+        let mut new: Vec<(PathBuf, (Settings, Origin))> = wanted
+            .into_iter()
+            .filter(|(path, _)| !self.running.contains_key(path))
+            .collect();
+        new.sort_by(|a, b| a.0.cmp(&b.0));
+        for (path, (settings, origin)) in new {
+            tracing::info!(socket = %settings.address, ?origin, "starting driver");
+            let driver = Driver::new(settings.clone(), origin);
+            self.shared.registry.add_slot(driver.clone());
+            let stop = CancellationToken::new();
+            let span = tracing::info_span!("driver", socket = %settings.address);
+            let task = tokio::spawn(
+                driver
+                    .clone()
+                    .run(self.shared.clone(), stop.clone())
+                    .instrument(span),
+            );
+            self.running.insert(
+                path,
+                Running {
+                    settings,
+                    origin,
+                    driver,
+                    stop,
+                    task,
+                },
+            );
+        }
+    }
+}
+
+/// A cheap fingerprint of a file's content (`None` if unreadable).
+fn digest(path: &Path) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let bytes = std::fs::read(path).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    Some(h.finish())
 }
