@@ -17,6 +17,7 @@
 pub mod app;
 pub mod budget;
 pub mod cli;
+pub mod config;
 pub mod controller;
 pub mod csi;
 pub mod driver;
