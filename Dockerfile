@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1
+#
+# attacher-hub container image.
+#
+#   docker build -t attacher-hub:0.1.0 .
+#
+# Stage 1 builds the release binary with exactly the command CI checks
+# (tests/deploy.rs compares the RUN line below with its RELEASE_BUILD
+# constant). The builder is Debian 12 (bookworm), so the glibc the binary links
+# against is the one of the runtime stage, distroless cc-debian12.
+#
+# Stage 2 holds the binary, glibc, libgcc and CA certificates, nothing else:
+# no shell, no package manager. It runs as the distroless "nonroot" user
+# (65532:65532), which the manifests under deploy/ require through
+# runAsNonRoot/runAsUser, and it writes nothing to its root filesystem, so it
+# runs with readOnlyRootFilesystem: true. All state is in memory; the only
+# files it opens are the CSI sockets, the optional --config file and the
+# service-account token/CA that client-go-style in-cluster config reads.
+
+ARG RUST_VERSION=1.95
+
+FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS builder
+WORKDIR /src
+# Only what the build reads: manifest, lock file, build script, protos, sources.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto/ proto/
+COPY src/ src/
+RUN cargo build --release --locked --bin attacher-hub
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=builder /src/target/release/attacher-hub /attacher-hub
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/attacher-hub"]
