@@ -1,19 +1,18 @@
 //! From a parsed command line to a running hub: the process edge, where
 //! errors become exit codes and signals become a shutdown token.
 
+use std::sync::Arc;
+
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    cli::Args,
-    csi::Address,
-    driver::{LeaderSettings, Settings},
-    hub, leader,
-};
+use crate::{cli::Args, config, csi::Address, hub, leader};
 
-/// Why the process could not run; each maps to exit code 1 (fatal start-up
-/// error), as in the Go sidecar.
+/// Why the process could not run; [`Error::exit_code`] gives the exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `--config`: the driver list is invalid (exit code 2, before touching the cluster).
+    #[error(transparent)]
+    Config(#[from] config::Error),
     /// The CSI address is not a Unix socket.
     #[error(transparent)]
     Address(#[from] crate::csi::connection::Error),
@@ -23,26 +22,44 @@ pub enum Error {
     /// The hub failed.
     #[error(transparent)]
     Hub(#[from] hub::Error),
-    /// Not built yet.
-    #[error("{0} is not supported yet")]
-    Unsupported(&'static str),
+    /// `--driver-sockets` is not a valid glob (exit code 2, like a bad flag).
+    #[error("invalid value {pattern:?} for flag -driver-sockets: {message}")]
+    Glob {
+        /// The pattern as given.
+        pattern: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl Error {
+    /// 2 for an invalid driver list, else 1 (fatal start-up error, as in the Go sidecar).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) | Self::Glob { .. } => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// Turns the command line into the hub's configuration (sidecar mode: one
 /// driver at `--csi-address`).
 pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
+    // The flags' per-driver settings: the single driver in sidecar mode, the
+    // defaults of every entry of `--config`.
+    let defaults = config::Defaults::from_args(&args).map_err(Error::Identity)?;
     // Exhaustive: a new flag must be placed somewhere here.
     let Args {
         resync,
-        timeout,
-        retry_interval_start,
-        retry_interval_max,
-        worker_threads,
-        max_entries,
-        default_fstype,
-        reconcile_sync,
-        max_grpc_log_length: _, // responses are logged at trace level only, never truncated
-        feature_gates,
+        timeout: _,              // in `defaults`
+        retry_interval_start: _, // in `defaults`
+        retry_interval_max: _,   // in `defaults`
+        worker_threads: _,       // in `defaults`
+        max_entries: _,          // in `defaults`
+        default_fstype: _,       // in `defaults`
+        reconcile_sync: _,       // in `defaults`
+        max_grpc_log_length: _,  // responses are logged at trace level only, never truncated
+        feature_gates: _,        // in `defaults`
         kubeconfig,
         csi_address,
         leader_election,
@@ -55,48 +72,48 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
         logging: _,      // applied by main before this runs
         config,
         driver_sockets,
-        exit_on_connection_loss,
-        graceful_shutdown_timeout,
+        exit_on_connection_loss: _,   // in `defaults`
+        graceful_shutdown_timeout: _, // in `defaults`
     } = args;
-    if config.is_some() {
-        return Err(Error::Unsupported("--config (hub mode)"));
-    }
-    if driver_sockets.is_some() {
-        return Err(Error::Unsupported("--driver-sockets (discovery mode)"));
-    }
-
-    let leader = if leader_election.enabled {
-        Some(LeaderSettings {
-            namespace: leader::resolve_namespace(leader_election.namespace.as_deref()),
-            identity: leader::default_identity().map_err(Error::Identity)?,
-            lease_duration: leader_election.lease_duration,
-            renew_deadline: leader_election.renew_deadline,
-            retry_period: leader_election.retry_period,
-            labels: leader_election.labels.clone(),
-            // attacher-hub always hands its Leases over on a graceful stop;
-            // the Go gate ReleaseLeaderElectionOnExit only adds this to Go.
-            release_on_exit: true,
-        })
-    } else {
-        None
+    let discovery = match driver_sockets {
+        Some(pattern) => {
+            glob::Pattern::new(&pattern).map_err(|e| Error::Glob {
+                pattern: pattern.clone(),
+                message: e.to_string(),
+            })?;
+            let d = defaults.clone();
+            Some(hub::Discovery {
+                pattern,
+                settings_for: Arc::new(move |address| d.settings_for(address)),
+            })
+        }
+        None => None,
     };
-
-    let driver = Settings {
-        address: csi_address.parse::<Address>()?,
-        expected_name: None,
-        timeout,
-        attach_workers: worker_threads,
-        detach_workers: worker_threads,
-        retry_interval_start,
-        retry_interval_max,
-        reconcile_sync,
-        max_entries: i32::try_from(max_entries).unwrap_or(i32::MAX),
-        default_fstype: default_fstype.unwrap_or_default(),
-        kube_api_budget: None,
-        leader_election: leader,
-        exit_on_connection_loss,
-        save_error_code: feature_gates.mutable_csi_node_allocatable_count,
-        drain_timeout: graceful_shutdown_timeout,
+    let (drivers, source) = match config {
+        // Hub mode: the file is read and checked before anything else starts.
+        Some(path) => {
+            let with_discovery = discovery.is_some();
+            let drivers = config::load(&path, &defaults, with_discovery)?;
+            let d = defaults.clone();
+            let load: hub::Loader = Arc::new(move |p: &std::path::Path| {
+                config::load(p, &d, with_discovery).map_err(|e| e.to_string())
+            });
+            (
+                drivers,
+                hub::Source::File {
+                    path,
+                    load,
+                    discover: discovery,
+                },
+            )
+        }
+        None => match discovery {
+            Some(d) => (Vec::new(), hub::Source::Discover(d)),
+            None => (
+                vec![defaults.settings_for(csi_address.parse::<Address>()?)],
+                hub::Source::Fixed,
+            ),
+        },
     };
 
     let http = match (http_endpoint, metrics_address) {
@@ -113,13 +130,26 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
         (None, None) => None,
     };
 
+    // Hub mode with leader election: replicas share the drivers.
+    let balance = match (&source, leader_election.enabled) {
+        (hub::Source::Fixed, _) | (_, false) => None,
+        (_, true) => Some(hub::BalanceConfig {
+            namespace: leader::resolve_namespace(leader_election.namespace.as_deref()),
+            identity: leader::default_identity().map_err(Error::Identity)?,
+            lease_duration: leader_election.lease_duration,
+            retry_period: leader_election.retry_period,
+        }),
+    };
+
     Ok(hub::Config {
         kubeconfig,
         kube_api_qps,
         kube_api_burst: u32::try_from(kube_api_burst.max(0)).unwrap_or(u32::MAX),
         resync,
         http,
-        drivers: vec![driver],
+        drivers,
+        source,
+        balance,
     })
 }
 

@@ -28,7 +28,7 @@ use crate::{
     csi::{self, Address, CallMetrics, Capabilities, Connection, DriverClient},
     hub::Shared,
     k8s::Writer,
-    leader::{self, LeaderElector, Leadership},
+    leader::{self, AcquireGate, LeaderElector, Leadership},
     queue::Queue,
 };
 
@@ -173,6 +173,8 @@ pub struct Driver {
     busy: KeyLocks,
     /// For `/drivers` and readiness.
     info: RwLock<Info>,
+    /// Set by the hub when this replica holds more than its share of Leases.
+    hand_over: tokio::sync::Notify,
 }
 
 fn read<T: Clone>(l: &RwLock<T>) -> T {
@@ -207,6 +209,7 @@ impl Driver {
                 state: Some(State::Connecting),
                 ..Info::default()
             }),
+            hand_over: tokio::sync::Notify::new(),
         })
     }
 
@@ -425,6 +428,8 @@ impl Driver {
     }
 
     /// Holds (or waits for) the Lease and runs the workers while leading.
+    /// When the hub asks this replica to hand the driver over (leadership
+    /// balancing), the Lease is vacated and the election starts again.
     #[allow(clippy::too_many_arguments)]
     async fn serve(
         self: Arc<Self>,
@@ -437,6 +442,41 @@ impl Driver {
         mut losses: tokio::sync::watch::Receiver<u64>,
     ) -> Outcome {
         let handler = Arc::new(self.build_handler(shared, name, caps, client));
+        loop {
+            match self
+                .clone()
+                .serve_term(shared, stop, name, &handler, &mut losses)
+                .await
+            {
+                Term::Over(outcome) => return outcome,
+                Term::HandedOver => {
+                    tracing::info!("handed the driver over to another replica");
+                    // Give the others a retry period to pick the Lease up
+                    // before this replica competes for it again.
+                    let pause = self
+                        .settings
+                        .leader_election
+                        .as_ref()
+                        .map_or(Duration::ZERO, |le| le.retry_period);
+                    tokio::select! {
+                        () = stop.cancelled() => return Outcome::Stopped,
+                        _ = losses.changed() => return Outcome::ConnectionLost,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// One term of the election: from candidacy to stop, loss, or hand-over.
+    async fn serve_term(
+        self: Arc<Self>,
+        shared: &Arc<Shared>,
+        stop: &CancellationToken,
+        name: &str,
+        handler: &Arc<Handler>,
+        losses: &mut tokio::sync::watch::Receiver<u64>,
+    ) -> Term {
         let election = CancellationToken::new();
         let (mut leadership, election_task) = match &self.settings.leader_election {
             None => {
@@ -460,8 +500,11 @@ impl Driver {
                 let api = Api::<Lease>::namespaced(shared.leader_client.clone(), &le.namespace);
                 let elector = match LeaderElector::new(api, config) {
                     Ok(e) => e,
-                    Err(e) => return Outcome::Failed(format!("leader election: {e}")),
+                    Err(e) => return Term::Over(Outcome::Failed(format!("leader election: {e}"))),
                 };
+                let balance = shared.balance.clone();
+                let elector =
+                    elector.with_acquire_gate(AcquireGate(Arc::new(move || balance.may_acquire())));
                 shared
                     .leader_status
                     .insert(name.to_string(), elector.status());
@@ -469,20 +512,25 @@ impl Driver {
                 (rx, Some(task))
             }
         };
+        let balanced = election_task.is_some();
 
         let mut workers: Option<Workers> = None;
-        let outcome = loop {
+        let term = loop {
             let leading = leadership.borrow_and_update().clone();
             match (&leading, workers.is_some()) {
                 (Leadership::Leading, false) => {
                     self.set_state(State::Leading);
                     shared.metrics.set_leader(name, true);
-                    workers = Some(self.clone().start_workers(shared, &handler));
+                    if balanced {
+                        shared.balance.set_leading(true);
+                    }
+                    workers = Some(self.clone().start_workers(shared, handler));
                 }
                 (Leadership::Standby { holder }, running) => {
                     if running && let Some(w) = workers.take() {
                         tracing::warn!("lost leadership; stopping workers");
                         self.stop_workers(w).await;
+                        shared.balance.set_leading(false);
                     }
                     shared.metrics.set_leader(name, false);
                     write(&self.info).lease_holder = holder.clone();
@@ -490,21 +538,22 @@ impl Driver {
                 }
                 _ => {}
             }
-            if leading.is_leading() && self.settings.leader_election.is_some() {
+            if leading.is_leading() && balanced {
                 write(&self.info).lease_holder =
                     shared.leader_status.get(name).and_then(|s| s.holder());
             }
             tokio::select! {
-                () = stop.cancelled() => break Outcome::Stopped,
-                _ = losses.changed() => break Outcome::ConnectionLost,
-                changed = leadership.changed() => if changed.is_err() && election_task.is_some() {
+                () = stop.cancelled() => break Term::Over(Outcome::Stopped),
+                _ = losses.changed() => break Term::Over(Outcome::ConnectionLost),
+                () = self.hand_over.notified(), if workers.is_some() && balanced => break Term::HandedOver,
+                changed = leadership.changed() => if changed.is_err() && balanced {
                     // The elector ended on its own: treat as a lost lease.
-                    break Outcome::Failed("leader election ended".into());
+                    break Term::Over(Outcome::Failed("leader election ended".into()));
                 } else if changed.is_err() {
                     // No leader election: wait for stop or loss only.
                     tokio::select! {
-                        () = stop.cancelled() => break Outcome::Stopped,
-                        _ = losses.changed() => break Outcome::ConnectionLost,
+                        () = stop.cancelled() => break Term::Over(Outcome::Stopped),
+                        _ = losses.changed() => break Term::Over(Outcome::ConnectionLost),
                     }
                 },
             }
@@ -513,6 +562,9 @@ impl Driver {
         // Phase 1: stop taking work; let in-flight calls finish within a bound.
         if let Some(w) = workers.take() {
             self.stop_workers(w).await;
+            if balanced {
+                shared.balance.set_leading(false);
+            }
         }
         // Phase 2: vacate the Lease so the next leader starts at once.
         election.cancel();
@@ -525,7 +577,17 @@ impl Driver {
         }
         shared.leader_status.remove(name);
         shared.metrics.set_leader(name, false);
-        outcome
+        if matches!(term, Term::HandedOver) {
+            write(&self.info).lease_holder = None;
+            self.set_state(State::Standby);
+        }
+        term
+    }
+
+    /// Asks the driver to vacate its Lease so another replica takes it over
+    /// (leadership balancing). Ignored unless it leads.
+    pub fn hand_over(&self) {
+        self.hand_over.notify_one();
     }
 
     fn build_handler(
@@ -736,6 +798,14 @@ impl Driver {
             }
         }
     }
+}
+
+/// How one election term ended.
+enum Term {
+    /// The driver's life ends (stop, connection loss, failure).
+    Over(Outcome),
+    /// The Lease was handed to another replica; stand again.
+    HandedOver,
 }
 
 /// How one life of a driver ended.

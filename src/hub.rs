@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
+    balance::{Balance, Presence},
     budget::Budget,
     controller::attachment,
     csi::Address,
@@ -84,6 +85,21 @@ pub struct Config {
     pub drivers: Vec<Settings>,
     /// How the driver list changes at run time.
     pub source: Source,
+    /// Spread driver Leases across replicas (hub mode with leader election).
+    pub balance: Option<BalanceConfig>,
+}
+
+/// Settings of leadership balancing.
+#[derive(Clone, Debug)]
+pub struct BalanceConfig {
+    /// Namespace of the presence Leases (the leader-election namespace).
+    pub namespace: String,
+    /// This replica's identity.
+    pub identity: String,
+    /// Presence Lease duration: a replica silent this long no longer counts.
+    pub lease_duration: Duration,
+    /// How often presence is renewed and the share recomputed.
+    pub retry_period: Duration,
 }
 
 /// Drivers by the name they report, and by sanitized name (finalizer and
@@ -193,6 +209,8 @@ pub struct Shared {
     pub budget: Arc<Budget>,
     /// Leader-election status per driver name, for health and `/drivers`.
     pub leader_status: DashMap<String, leader::Status>,
+    /// This replica's share of driver Leases.
+    pub balance: Arc<Balance>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -326,6 +344,7 @@ pub async fn run(
         http: http_config,
         drivers,
         source,
+        balance,
     } = config;
 
     let kube_cfg = kube_config(kubeconfig.as_ref()).await?;
@@ -352,6 +371,8 @@ pub async fn run(
     );
     let watches = tokio::spawn(watches.instrument(tracing::info_span!("router")));
 
+    let http_stop = CancellationToken::new();
+    let mut background = JoinSet::new();
     let shared = Arc::new(Shared {
         client,
         leader_client,
@@ -361,11 +382,16 @@ pub async fn run(
         metrics,
         budget: Arc::new(Budget::new(kube_api_qps, kube_api_burst)),
         leader_status: DashMap::new(),
+        balance: Arc::new(Balance::default()),
     });
+    if let Some(b) = balance {
+        background.spawn(
+            balance_leases(shared.clone(), b, http_stop.clone())
+                .instrument(tracing::info_span!("balance")),
+        );
+    }
 
     // The listener is up before leader election: standby replicas serve too.
-    let http_stop = CancellationToken::new();
-    let mut background = JoinSet::new();
     if let Some(h) = http_config {
         let listener = http::bind(&h.address)
             .await
@@ -699,4 +725,46 @@ fn digest(path: &Path) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
     Some(h.finish())
+}
+
+/// Keeps this replica's presence Lease, recomputes its share of driver
+/// Leases, and hands surplus drivers over to other replicas.
+async fn balance_leases(shared: Arc<Shared>, config: BalanceConfig, stop: CancellationToken) {
+    let api = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        shared.leader_client.clone(),
+        &config.namespace,
+    );
+    let presence = Presence::new(api, &config.identity, config.lease_duration);
+    let mut tick = tokio::time::interval(config.retry_period);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        // Drivers this replica could lead: ready, with leader election.
+        let slots = shared.registry.slots();
+        let candidates: Vec<_> = slots
+            .iter()
+            .filter(|d| d.settings().leader_election.is_some())
+            .filter(|d| matches!(d.state(), State::Standby | State::Leading))
+            .collect();
+        if let Err(error) = presence.round(&shared.balance, candidates.len()).await {
+            tracing::warn!(%error, "renewing replica presence failed");
+            continue;
+        }
+        let surplus = shared.balance.surplus();
+        if surplus > 0 {
+            // Hand over the drivers with the greatest names, deterministically.
+            let mut leading: Vec<_> = candidates
+                .iter()
+                .filter(|d| d.state() == State::Leading)
+                .collect();
+            leading.sort_by_key(|d| std::cmp::Reverse(d.name()));
+            for d in leading.into_iter().take(surplus) {
+                tracing::info!(driver = ?d.name(), "over this replica's share; handing the driver over");
+                d.hand_over();
+            }
+        }
+    }
+    presence.remove().await;
 }

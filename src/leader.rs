@@ -608,6 +608,19 @@ pub struct LeaderElector {
     lease: Option<Lease>,
     /// The holder last reported in logs/the watch value (client-go `reportedLeader`).
     reported_holder: String,
+    /// Asked before every acquisition attempt (not before renewals): `false`
+    /// skips the attempt. Hub replicas use it to stay within their share.
+    gate: Option<AcquireGate>,
+}
+
+/// A predicate that allows or skips acquisition attempts.
+#[derive(Clone)]
+pub struct AcquireGate(pub std::sync::Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for AcquireGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AcquireGate")
+    }
 }
 
 impl LeaderElector {
@@ -624,7 +637,15 @@ impl LeaderElector {
             observed: None,
             lease: None,
             reported_holder: String::new(),
+            gate: None,
         })
+    }
+
+    /// Only try to acquire the Lease while `gate` says yes (renewing a held
+    /// Lease is never gated).
+    pub fn with_acquire_gate(mut self, gate: AcquireGate) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// The shared status view; clone it out before [`LeaderElector::spawn`].
@@ -681,10 +702,15 @@ impl LeaderElector {
     async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
         loop {
             let deadline = Instant::now() + self.config.renew_deadline;
-            let attempt = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return false,
-                result = self.try_acquire_or_renew(deadline) => result,
+            let allowed = self.gate.as_ref().is_none_or(|g| (g.0)());
+            let attempt = if allowed {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return false,
+                    result = self.try_acquire_or_renew(deadline) => result,
+                }
+            } else {
+                Ok(false)
             };
             match attempt {
                 Ok(true) => {

@@ -15,6 +15,7 @@
 //! benchmarks and shipped as the `mock-csi-driver` binary.
 
 pub mod app;
+pub mod balance;
 pub mod budget;
 pub mod cli;
 pub mod config;

@@ -17,8 +17,14 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(attacher_hub::app::run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(error = %attacher_hub::app::error_chain(&error), "fatal");
-            std::process::ExitCode::from(1)
+            let code = error.exit_code();
+            if code == 2 {
+                // Bad input: one plain line, like a flag error.
+                eprintln!("attacher-hub: {}", attacher_hub::app::error_chain(&error));
+            } else {
+                tracing::error!(error = %attacher_hub::app::error_chain(&error), "fatal");
+            }
+            std::process::ExitCode::from(code)
         }
     }
 }
