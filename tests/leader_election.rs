@@ -205,8 +205,9 @@ async fn two_rust_electors_hand_over_on_release_and_on_expiry() {
         got.metadata
             .labels
             .unwrap_or_default()
-            .get("attacher-hub.test/owner"),
-        Some(&leader.identity)
+            .get("attacher-hub.test/elector")
+            .map(String::as_str),
+        Some("rust")
     );
 
     // 1. Release on cancel: a waiting candidate takes over within one jittered retry.
