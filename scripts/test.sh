@@ -40,5 +40,6 @@ cluster_healthy "$dir" || started=1
 phase "cluster-up" "$repo_root/scripts/cluster-up.sh" "$dir" >/dev/null
 # shellcheck disable=SC1091
 . "$dir/env"
-phase "cargo test" cargo test
+# --no-fail-fast: one failing test binary must not hide the results of the others.
+phase "cargo test" cargo test --no-fail-fast
 phase "sanity" "${MAKE:-make}" --no-print-directory sanity
