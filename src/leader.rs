@@ -710,7 +710,12 @@ impl LeaderElector {
                     result = self.try_acquire_or_renew(deadline) => result,
                 }
             } else {
-                Ok(false)
+                // Not allowed to take it: only look, so the holder stays known.
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return false,
+                    result = self.observe_only(deadline) => result.map(|()| false),
+                }
             };
             match attempt {
                 Ok(true) => {
@@ -842,6 +847,25 @@ impl LeaderElector {
         };
         self.update(lease, &record, deadline).await?;
         Ok(true)
+    }
+
+    /// Reads the Lease and records its holder, without trying to take it.
+    async fn observe_only(&mut self, deadline: Instant) -> Result<()> {
+        let got = self
+            .timed(deadline, self.api.get_opt(&self.config.name))
+            .await?
+            .map_err(|source| Error::Get {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+                source,
+            })?;
+        if let Some(lease) = got {
+            let current = Record::from_spec(lease.spec.as_ref());
+            self.lease = Some(lease);
+            observe(&mut self.observed, current, Instant::now());
+            self.report_holder();
+        }
+        Ok(())
     }
 
     /// Creates the Lease with `record` and our labels.
