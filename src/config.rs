@@ -182,8 +182,8 @@ pub enum Error {
         column: u64,
         /// The field path (`drivers[1].timeout`); `None` for syntax errors.
         field: Option<String>,
-        /// What is wrong.
-        problem: Problem,
+        /// What is wrong (boxed: keeps `Result`s small).
+        problem: Box<Problem>,
     },
 }
 
@@ -313,8 +313,8 @@ pub struct Invalid {
     /// The field path, e.g. `drivers[1].timeout`; the location of the nearest written
     /// ancestor is used when the field itself is absent from the file.
     pub field: String,
-    /// What is wrong.
-    pub problem: Problem,
+    /// What is wrong (boxed: keeps `Result`s small).
+    pub problem: Box<Problem>,
 }
 
 // === defaults ===
@@ -430,7 +430,7 @@ impl File {
 fn invalid(field: impl Into<String>, problem: Problem) -> Invalid {
     Invalid {
         field: field.into(),
-        problem,
+        problem: Box::new(problem),
     }
 }
 
@@ -709,7 +709,7 @@ pub fn parse(
         line,
         column,
         field,
-        problem,
+        problem: Box::new(problem),
     };
     // Syntax first, on a schema-free tree: it also tells where every field is.
     let index =
@@ -719,11 +719,11 @@ pub fn parse(
         error(pos, field, Problem::Syntax(yaml::message(&e)))
     })?;
     let place =
-        |Invalid { field, problem }: Invalid| error(index.position(&field), Some(field), problem);
+        |Invalid { field, problem }: Invalid| error(index.position(&field), Some(field), *problem);
     let settings = file.validate(defaults, discovery).map_err(place)?;
     check_unique(&settings).map_err(|(mut bad, other)| {
         let other_line = index.position(&format!("drivers[{other}]")).0;
-        match &mut bad.problem {
+        match bad.problem.as_mut() {
             Problem::DuplicateAddress { other_line: l, .. }
             | Problem::DuplicateName { other_line: l, .. }
             | Problem::SanitizedNameCollision { other_line: l, .. } => *l = other_line,
@@ -873,13 +873,13 @@ mod yaml {
         })?;
         let mut entries = Vec::new();
         let start = pos(&root.referenced);
-        walk(&root.value, String::new(), start, start, &mut entries);
+        walk(&root.value, "", start, start, &mut entries);
         Ok(Index(entries))
     }
 
-    fn walk(node: &Node, path: String, at: Pos, value: Pos, out: &mut Vec<Entry>) {
+    fn walk(node: &Node, path: &str, at: Pos, value: Pos, out: &mut Vec<Entry>) {
         out.push(Entry {
-            path: path.clone(),
+            path: path.to_owned(),
             at,
             value,
             is_map: matches!(node, Node::Map(_)),
@@ -894,7 +894,7 @@ mod yaml {
                     };
                     walk(
                         &v.value,
-                        child,
+                        &child,
                         pos(&key.referenced),
                         pos(&v.referenced),
                         out,
@@ -904,7 +904,7 @@ mod yaml {
             Node::Seq(items) => {
                 for (i, item) in items.iter().enumerate() {
                     let p = pos(&item.referenced);
-                    walk(&item.value, format!("{path}[{i}]"), p, p, out);
+                    walk(&item.value, &format!("{path}[{i}]"), p, p, out);
                 }
             }
             Node::Scalar => {}

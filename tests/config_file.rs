@@ -1,0 +1,114 @@
+//! `attacher-hub --config drivers.yaml`: a bad file stops the binary with exit code 2 and a
+//! message naming file, line and field, before it contacts the cluster.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longer than any start-up check; a binary still running after it got past them.
+const EXIT_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Runs the binary with `--config <file holding text>` and a kubeconfig that does not exist,
+/// so that getting as far as the cluster would fail differently (exit 1, another message).
+fn run_with_config(text: &str) -> (tempfile::TempDir, String, Output) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("drivers.yaml");
+    std::fs::write(&path, text).expect("writing the driver list");
+    let path = path.display().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
+        .args(["--config", &path, "--kubeconfig", "/nonexistent/kubeconfig"])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the attacher-hub binary starts");
+    let deadline = Instant::now() + EXIT_DEADLINE;
+    while child
+        .try_wait()
+        .expect("waiting for attacher-hub")
+        .is_none()
+    {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("collecting the output");
+    (dir, path, out)
+}
+
+#[test]
+fn a_bad_duration_exits_2_naming_file_line_and_field_before_touching_the_cluster() {
+    let (_dir, path, out) = run_with_config(
+        "drivers:\n  - address: /csi/a.sock\n  - address: /csi/b.sock\n    name: b.example.com\n    timeout: 15\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let want = format!(
+        "attacher-hub: {path}:5:5: drivers[1].timeout: invalid duration \"15\": missing unit"
+    );
+    assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
+    assert!(
+        !stderr.contains("kubeconfig"),
+        "it must stop before reading the kubeconfig:\n{stderr}"
+    );
+}
+
+#[test]
+fn an_unknown_key_exits_2_naming_its_line() {
+    let (_dir, path, out) =
+        run_with_config("drivers:\n  - address: /csi/a.sock\n    tiemout: 5s\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let want = format!("{path}:3:5: drivers[0].tiemout: unknown field `tiemout`");
+    assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
+}
+
+#[test]
+fn names_that_share_a_finalizer_exit_2_naming_both() {
+    let (_dir, path, out) = run_with_config(
+        "drivers:\n- address: /csi/a.sock\n  name: a.b\n- address: /csi/b.sock\n  name: a-b\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let want = format!(
+        "{path}:5:3: drivers[1].name: driver names \"a-b\" and \"a.b\" (drivers[0], line 2) both use the finalizer \"external-attacher/a-b\""
+    );
+    assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
+}
+
+#[test]
+fn a_missing_file_exits_2_naming_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
+        .args([
+            "--config",
+            "/nonexistent/drivers.yaml",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the attacher-hub binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(
+        stderr.contains("attacher-hub: /nonexistent/drivers.yaml: cannot be read: "),
+        "stderr:\n{stderr}"
+    );
+}
+
+#[test]
+fn the_example_file_gets_past_loading_to_the_kubeconfig() {
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/drivers.example.yaml"))
+            .expect("reading drivers.example.yaml");
+    let (_dir, _path, out) = run_with_config(&example);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Exit 1 for the missing kubeconfig: the file was accepted.
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("/nonexistent/kubeconfig"),
+        "stderr:\n{stderr}"
+    );
+}
