@@ -6,11 +6,12 @@
 #   make testbins      build or reuse the Go test tools (last line: their directory)
 #   make cluster-up    start etcd + kube-apiserver (last line: admin kubeconfig path)
 #   make cluster-down  stop them
+#   make bench         Go external-attacher versus attacher-hub (report in target/bench-report.md)
 
 # Where the local control plane keeps its state, logs and kubeconfigs.
 CLUSTER_DIR ?= .work/cluster
 
-.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy
+.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench
 
 demo:
 	@scripts/demo.sh $(CLUSTER_DIR)
@@ -35,3 +36,6 @@ fmt:
 
 clippy:
 	cargo clippy --all-targets -- -D warnings
+
+bench:
+	cargo test --release --test bench -- --ignored --nocapture

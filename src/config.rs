@@ -1,5 +1,5 @@
 //! Hub mode's driver list (`--config drivers.yaml`): plain `serde` types for the file, checked
-//! into one [`driver::Settings`] per driver, with the command-line flags as defaults.
+//! into one [`crate::driver::Settings`] per driver, with the command-line flags as defaults.
 //!
 //! Every error names the file, the line and column, and the field, e.g.
 //! `drivers.yaml:7:5: drivers[1].timeout: invalid duration "15": missing unit`.

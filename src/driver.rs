@@ -700,11 +700,16 @@ impl Driver {
         shared.stores.wait_synced().await;
         let queue = self.queue(pool);
         loop {
-            let key = tokio::select! {
+            let (key, waited) = tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
-                key = queue.get() => match key { Some(k) => k, None => return },
+                key = queue.get_timed() => match key { Some(k) => k, None => return },
             };
+            shared.metrics.observe_wait(
+                self.name().as_deref().unwrap_or_default(),
+                queue.name(),
+                waited,
+            );
             let started = Instant::now();
             match pool {
                 Pool::Va(kind) => self.process_va(&shared, &handler, kind, &key).await,

@@ -180,6 +180,11 @@ pub struct HubMetrics {
     pub queue_retries: prometheus::IntCounterVec,
     /// `workqueue_work_duration_seconds{name, driver_name}`.
     pub queue_work_duration: HistogramVec,
+    /// `workqueue_queue_duration_seconds{name, driver_name}`: from ready to
+    /// handed to a worker.
+    pub queue_wait_duration: HistogramVec,
+    /// `workqueue_adds_total{name, driver_name}`.
+    pub queue_adds: prometheus::IntCounterVec,
     /// `leader_election_master_status{name, driver_name}`: 1 leading, 0 not.
     pub leader: prometheus::GaugeVec,
     /// `attacher_hub_driver_up{driver_name}`: 1 when the driver is ready
@@ -232,6 +237,21 @@ impl HubMetrics {
                 .buckets(workqueue_buckets()),
                 &["name", "driver_name"],
             )?,
+            queue_wait_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "workqueue_queue_duration_seconds",
+                    "How long in seconds an item stays in workqueue before being requested.",
+                )
+                .buckets(workqueue_buckets()),
+                &["name", "driver_name"],
+            )?,
+            queue_adds: IntCounterVec::new(
+                Opts::new(
+                    "workqueue_adds_total",
+                    "Total number of adds handled by workqueue",
+                ),
+                &["name", "driver_name"],
+            )?,
             leader: GaugeVec::new(
                 Opts::new(
                     "leader_election_master_status",
@@ -268,6 +288,8 @@ impl HubMetrics {
         registry.register(Box::new(this.queue_longest_running.clone()))?;
         registry.register(Box::new(this.queue_retries.clone()))?;
         registry.register(Box::new(this.queue_work_duration.clone()))?;
+        registry.register(Box::new(this.queue_wait_duration.clone()))?;
+        registry.register(Box::new(this.queue_adds.clone()))?;
         registry.register(Box::new(this.leader.clone()))?;
         registry.register(Box::new(this.driver_up.clone()))?;
         registry.register(Box::new(this.attach_e2e.clone()))?;
@@ -288,6 +310,13 @@ impl HubMetrics {
         self.queue_work_duration
             .with_label_values(&[queue, driver])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how long a key waited before a worker took it.
+    pub fn observe_wait(&self, driver: &str, queue: &str, waited: std::time::Duration) {
+        self.queue_wait_duration
+            .with_label_values(&[queue, driver])
+            .observe(waited.as_secs_f64());
     }
 
     /// Counts one rate-limited re-add.

@@ -41,6 +41,8 @@ pub struct Queue {
     state: Mutex<State>,
     /// Wakes workers blocked in [`Queue::get`].
     notify: Notify,
+    /// Adds so far, plain and rate-limited (`workqueue_adds_total`).
+    adds: std::sync::atomic::AtomicU64,
 }
 
 /// The queue's bookkeeping; see client-go `workqueue.Typed` for the model.
@@ -73,6 +75,7 @@ impl Queue {
             retry_max,
             state: Mutex::new(State::default()),
             notify: Notify::new(),
+            adds: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -93,6 +96,7 @@ impl Queue {
     /// Also cancels any pending backoff of the key (the key becomes available immediately).
     pub fn add(&self, key: impl Into<String>) {
         let key = key.into();
+        self.adds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let woke = {
             let mut st = self.lock();
             if st.shutting_down {
@@ -110,6 +114,7 @@ impl Queue {
     /// counts one more failure. If the key already waits with an earlier deadline, that one stays.
     pub fn add_rate_limited(&self, key: impl Into<String>) {
         let key = key.into();
+        self.adds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = Instant::now();
         let woke = {
             let mut st = self.lock();
@@ -155,6 +160,17 @@ impl Queue {
     /// Returns `None` once the queue is shut down and no queued key is left (keys queued before
     /// the shutdown are still handed out, as in client-go; keys in backoff are dropped).
     pub async fn get(&self) -> Option<String> {
+        self.get_timed().await.map(|(key, _)| key)
+    }
+
+    /// Adds so far (plain and rate-limited), for `workqueue_adds_total`.
+    pub fn adds(&self) -> u64 {
+        self.adds.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`Queue::get`], also telling how long the key waited since it became
+    /// ready (`workqueue_queue_duration_seconds`).
+    pub async fn get_timed(&self) -> Option<(String, Duration)> {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -165,10 +181,10 @@ impl Queue {
                 let mut st = self.lock();
                 let now = Instant::now();
                 st.promote_due(now);
-                if let Some((key, _)) = st.ready.pop_front() {
+                if let Some((key, ready_at)) = st.ready.pop_front() {
                     st.dirty.remove(&key);
                     st.processing.insert(key.clone(), now);
-                    return Some(key);
+                    return Some((key, now.saturating_duration_since(ready_at)));
                 }
                 if st.shutting_down {
                     return None;
