@@ -433,6 +433,9 @@ pub async fn run(
 async fn gauges(shared: Arc<Shared>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(GAUGE_REFRESH);
     let mut last_log = tokio::time::Instant::now();
+    // Adds already counted, per (driver, pool): queues count adds
+    // themselves; the counter follows them here.
+    let mut counted: HashMap<(String, &'static str), u64> = HashMap::new();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -448,6 +451,13 @@ async fn gauges(shared: Arc<Shared>, stop: CancellationToken) {
                 .with_label_values(&[name.as_str()])
                 .set(if up { 1.0 } else { 0.0 });
             for (pool, q) in d.queue_depths() {
+                let adds = q.adds();
+                let before = counted.insert((name.clone(), pool), adds).unwrap_or(0);
+                shared
+                    .metrics
+                    .queue_adds
+                    .with_label_values(&[q.name(), name.as_str()])
+                    .inc_by(adds.saturating_sub(before));
                 let labels = [q.name(), name.as_str(), pool];
                 shared
                     .metrics
