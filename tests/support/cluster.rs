@@ -140,8 +140,17 @@ async fn client_from(path: &Path) -> Client {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .unwrap_or_else(|e| panic!("invalid kubeconfig {}: {e}", path.display()));
-    Client::try_from(config)
-        .unwrap_or_else(|e| panic!("cannot build a client from {}: {e}", path.display()))
+    let client = Client::try_from(config)
+        .unwrap_or_else(|e| panic!("cannot build a client from {}: {e}", path.display()));
+    // Fail here, with the reason, rather than in the middle of a test.
+    if let Err(e) = client.apiserver_version().await {
+        panic!(
+            "the API server of {} does not answer ({e}); is the control plane running? \
+             (scripts/cluster-up.sh starts it; unset ATTACHER_TEST_KUBECONFIG to let the tests start it)",
+            path.display()
+        );
+    }
+    client
 }
 
 /// Parses the `export NAME=value` lines of the env file.
