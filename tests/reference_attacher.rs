@@ -84,3 +84,45 @@ async fn reference_attacher_attaches_and_detaches_through_the_harness() {
     );
     attacher.stop().await;
 }
+
+#[test]
+fn harness_sanitizes_driver_names_like_external_attacher() {
+    // Examples from spec section 3.2.
+    assert_eq!(
+        support::sanitize_driver_name("hostpath.csi.k8s.io"),
+        "hostpath-csi-k8s-io"
+    );
+    assert_eq!(support::sanitize_driver_name("csi-driver."), "csi-driver-X");
+    assert_eq!(
+        attacher_finalizer("ebs.csi.aws.com"),
+        "external-attacher/ebs-csi-aws-com"
+    );
+}
+
+#[test]
+fn harness_names_are_unique_dns_labels_even_for_long_test_names() {
+    let a = unique_name("a-very-long-tag-that-goes-on-and-on");
+    let b = unique_name("a-very-long-tag-that-goes-on-and-on");
+    let driver = unique_driver_name("drv");
+    assert_ne!(a, b);
+    for name in [&a, &b, &driver] {
+        assert!(name.len() <= 63, "{name} is longer than 63");
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'),
+            "{name} is not DNS-1123"
+        );
+        assert!(
+            name.starts_with(|c: char| c.is_ascii_alphanumeric()),
+            "{name}"
+        );
+        assert!(
+            name.ends_with(|c: char| c.is_ascii_alphanumeric()),
+            "{name}"
+        );
+    }
+    assert!(
+        a.starts_with("harness-names-are-unique"),
+        "{a} carries the test name"
+    );
+}
