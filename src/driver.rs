@@ -651,9 +651,13 @@ impl Driver {
         // deliver it when they start.
         let this = self.clone();
         let shared2 = shared.clone();
+        let stop = token.clone();
         set.spawn(
             async move {
-                shared2.stores.wait_synced().await;
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = shared2.stores.wait_synced() => {}
+                }
                 for va in shared2.stores.vas.state() {
                     if va.spec.attacher == name {
                         this.on_va(None, &va);
@@ -697,7 +701,10 @@ impl Driver {
         pool: Pool,
         stop: CancellationToken,
     ) {
-        shared.stores.wait_synced().await;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = shared.stores.wait_synced() => {}
+        }
         let queue = self.queue(pool);
         loop {
             let (key, waited) = tokio::select! {
@@ -785,7 +792,10 @@ impl Driver {
         handler: Arc<Handler>,
         stop: CancellationToken,
     ) {
-        shared.stores.wait_synced().await;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = shared.stores.wait_synced() => {}
+        }
         loop {
             match handler.reconcile().await {
                 Ok(names) => {

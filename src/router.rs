@@ -19,6 +19,7 @@ use kube::{
         watcher,
     },
 };
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -31,6 +32,10 @@ pub struct Stores {
     pub pvs: Store<PersistentVolume>,
     /// Every CSINode in the cluster.
     pub csinodes: Store<CSINode>,
+    /// True once the VolumeAttachment and PersistentVolume caches hold a full
+    /// list. (kube-runtime's `Store::wait_until_ready` wakes only its latest
+    /// waiter, so one task waits there and every other waiter watches this.)
+    synced: watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -39,6 +44,7 @@ impl std::fmt::Debug for Stores {
             .field("vas", &self.vas.len())
             .field("pvs", &self.pvs.len())
             .field("csinodes", &self.csinodes.len())
+            .field("synced", &*self.synced.borrow())
             .finish()
     }
 }
@@ -63,10 +69,14 @@ impl Stores {
     /// complete list (the CSINode cache may still be filling, as in the Go
     /// attacher).
     pub async fn wait_synced(&self) {
-        // The writers live as long as the watch tasks; an error means the
-        // router is gone, and then the caller is shutting down anyway.
-        let _ = self.vas.wait_until_ready().await;
-        let _ = self.pvs.wait_until_ready().await;
+        let mut synced = self.synced.clone();
+        // An error means the router is gone: the caller is shutting down.
+        let _ = synced.wait_for(|s| *s).await;
+    }
+
+    /// Whether the VolumeAttachment and PersistentVolume caches are full.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
     }
 }
 
@@ -97,7 +107,29 @@ pub fn start(
     let (vas, va_writer) = reflector::store::<VolumeAttachment>();
     let (pvs, pv_writer) = reflector::store::<PersistentVolume>();
     let (csinodes, csinode_writer) = reflector::store::<CSINode>();
-    let stores = Stores { vas, pvs, csinodes };
+    let (synced_tx, synced) = watch::channel(false);
+    let stores = Stores {
+        vas,
+        pvs,
+        csinodes,
+        synced,
+    };
+    let sync_task = {
+        let vas = stores.vas.clone();
+        let pvs = stores.pvs.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                (va, pv) = futures::future::join(vas.wait_until_ready(), pvs.wait_until_ready()) => {
+                    if va.is_ok() && pv.is_ok() {
+                        tracing::debug!("VolumeAttachment and PersistentVolume caches synced");
+                        let _ = synced_tx.send(true);
+                    }
+                }
+            }
+        }
+    };
 
     let va_task = {
         let route = route.clone();
@@ -164,7 +196,7 @@ pub fn start(
     };
 
     let all = async move {
-        tokio::join!(va_task, pv_task, csinode_task, resync_task);
+        tokio::join!(va_task, pv_task, csinode_task, resync_task, sync_task);
     };
     (stores, all)
 }
