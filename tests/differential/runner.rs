@@ -1,0 +1,660 @@
+//! Runs the scenario table against one implementation: per batch one
+//! in-process Rust mock driver and one attacher process (the Go
+//! csi-attacher or attacher-hub), the batch's scenarios, normalized
+//! snapshots, and a forced clean-up of every object created.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use attacher_hub::csi::{
+    Connection,
+    proto::{
+        self,
+        controller_client::ControllerClient,
+        volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode},
+    },
+};
+use attacher_hub::mock::{MockDriver, MockHandle};
+use k8s_openapi::api::core::v1::{
+    GCEPersistentDiskVolumeSource, HostPathVolumeSource, PersistentVolume, PersistentVolumeSpec,
+    Secret,
+};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+use crate::scenarios::{
+    Batch, CsiSpec, DriverName, NodeEntry, Obj, PvSource, Scenario, Step, VaSource, VaState,
+};
+use crate::snapshot::{Normalizer, PUBLISH, Snapshot, UNPUBLISH};
+use crate::support::{
+    ChildProcess, Cluster, PvBuilder, create_csinode, sanitize_driver_name,
+    start_reference_attacher, unique_driver_name, unique_name, va, wait_deleted, wait_for,
+};
+
+/// Limit of every wait of a scenario.
+const WAIT: Duration = Duration::from_secs(45);
+
+/// Time given to in-flight work (a duplicate publish, a status write) to
+/// land before a snapshot is taken.
+const SNAPSHOT_SETTLE: Duration = Duration::from_millis(500);
+
+/// Namespace of the publish Secrets.
+const SECRET_NAMESPACE: &str = "default";
+
+/// The two implementations under comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Impl {
+    /// The reference Go csi-attacher v4.12.
+    Go,
+    /// attacher-hub in sidecar mode.
+    Hub,
+}
+
+impl Impl {
+    pub(crate) fn tag(self) -> &'static str {
+        match self {
+            Impl::Go => "go",
+            Impl::Hub => "hub",
+        }
+    }
+}
+
+/// What one scenario did in one implementation.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) batch: &'static str,
+    pub(crate) scenario: String,
+    /// Snapshots in the order taken, by label.
+    pub(crate) checkpoints: Vec<(String, Snapshot)>,
+    /// Why the scenario stopped early (a wait timed out, a create failed).
+    pub(crate) failure: Option<String>,
+    pub(crate) elapsed: Duration,
+}
+
+/// Everything a scenario needs from its batch.
+struct BatchCtx {
+    client: Client,
+    driver: String,
+    foreign_driver: String,
+    run_tag: String,
+    mock: MockHandle,
+    socket: PathBuf,
+    normalizer: Normalizer,
+}
+
+/// Objects a scenario created, for the clean-up.
+#[derive(Default)]
+struct Created {
+    vas: Vec<String>,
+    pvs: Vec<String>,
+    csinodes: Vec<String>,
+    secrets: Vec<String>,
+}
+
+/// Runs one batch with one implementation and returns one outcome per
+/// scenario, in table order. Attacher logs are saved to `log_dir`.
+pub(crate) async fn run_batch(which: Impl, batch: &Batch, log_dir: &Path) -> Vec<Outcome> {
+    let cluster = Cluster::get();
+    let client = cluster.client().await;
+    let driver = match batch.driver {
+        DriverName::Unique => unique_driver_name(&format!("{}-{}", which.tag(), batch.name)),
+        DriverName::Fixed(name) => name.to_string(),
+    };
+    let run_tag = unique_name(&format!("{}-{}", which.tag(), batch.name));
+    let foreign_driver = unique_driver_name("foreign");
+    let normalizer = Normalizer::default()
+        .with(&driver, "<driver>")
+        .with(&sanitize_driver_name(&driver), "<driver>")
+        .with(&foreign_driver, "<foreign-driver>")
+        .with(&run_tag, "<run>");
+
+    let socket_dir = tempfile::Builder::new()
+        .prefix("ah-diff-")
+        .tempdir()
+        .expect("temporary directory for the mock socket");
+    let socket = socket_dir.path().join("csi.sock");
+    let mock = MockDriver::new(&driver)
+        .volumes(batch.scenarios.len())
+        .capabilities(batch.capabilities.clone())
+        .serve(&socket)
+        .await
+        .unwrap_or_else(|e| panic!("mock for batch {}: {e}", batch.name));
+    let mut attacher = start_attacher(which, cluster, &socket, batch.reconcile_sync);
+
+    let ctx = BatchCtx {
+        client,
+        driver,
+        foreign_driver,
+        run_tag,
+        mock,
+        socket,
+        normalizer,
+    };
+    let results: Vec<(Outcome, Created)> = if batch.sequential {
+        let mut v = Vec::new();
+        for (i, s) in batch.scenarios.iter().enumerate() {
+            v.push(run_scenario(&ctx, batch.name, i, s).await);
+        }
+        v
+    } else {
+        futures::future::join_all(
+            batch
+                .scenarios
+                .iter()
+                .enumerate()
+                .map(|(i, s)| run_scenario(&ctx, batch.name, i, s)),
+        )
+        .await
+    };
+
+    let exited = attacher.exited();
+    attacher.stop().await;
+    // The run tag keeps concurrent runs of this test from sharing a file.
+    let log = log_dir.join(format!("{}.log", ctx.run_tag));
+    let _ = std::fs::write(
+        &log,
+        format!(
+            "driver {}\nrun tag {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            ctx.driver,
+            ctx.run_tag,
+            attacher.stdout(),
+            attacher.stderr()
+        ),
+    );
+    let mut outcomes = Vec::new();
+    for (mut outcome, created) in results {
+        cleanup(&ctx.client, &created).await;
+        if let Some(status) = exited {
+            outcome.failure.get_or_insert(format!(
+                "the {} attacher exited ({status}) during the batch; log {}",
+                which.tag(),
+                log.display()
+            ));
+        }
+        outcomes.push(outcome);
+    }
+    ctx.mock.shutdown().await;
+    outcomes
+}
+
+/// Starts the attacher under test with the test's short intervals.
+fn start_attacher(which: Impl, cluster: &Cluster, socket: &Path, reconcile: &str) -> ChildProcess {
+    let reconcile = format!("--reconcile-sync={reconcile}");
+    let common = [
+        "--timeout=2s",
+        "--retry-interval-start=200ms",
+        "--retry-interval-max=2s",
+        reconcile.as_str(),
+    ];
+    match which {
+        Impl::Go => start_reference_attacher(cluster, socket, &common),
+        Impl::Hub => {
+            let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_attacher-hub"));
+            cmd.arg(format!(
+                "--kubeconfig={}",
+                cluster.attacher_kubeconfig.display()
+            ))
+            .arg(format!("--csi-address={}", socket.display()))
+            .args(["--kube-api-qps=100", "--kube-api-burst=200", "-v=4"])
+            .args(common);
+            ChildProcess::spawn("attacher-hub", cmd)
+        }
+    }
+}
+
+/// A scenario's view of its batch: names and IDs of its roles.
+struct ScenarioCtx<'a> {
+    batch: &'a BatchCtx,
+    index: usize,
+    scenario: &'a Scenario,
+}
+
+impl ScenarioCtx<'_> {
+    /// Object name of a role, unique to this run.
+    fn name(&self, role: &str) -> String {
+        format!("{}-{}-{role}", self.batch.run_tag, self.scenario.name)
+    }
+
+    /// CSI node ID of a node role; the same in both runs.
+    fn node_id(&self, node: &str) -> String {
+        format!("nid-{}-{node}", self.scenario.name)
+    }
+
+    /// The scenario's own mock volume.
+    fn volume(&self) -> String {
+        format!("vol-{}", self.index)
+    }
+
+    /// Volume handles whose calls belong to this scenario.
+    fn handles(&self) -> BTreeSet<String> {
+        let mut h = BTreeSet::from([self.volume()]);
+        for o in &self.scenario.setup {
+            if let Obj::MockVolume { handle } = o {
+                h.insert((*handle).to_string());
+            }
+        }
+        h
+    }
+
+    /// The node role of a VA role.
+    fn va_node(&self, va_role: &str) -> &'static str {
+        self.scenario
+            .setup
+            .iter()
+            .find_map(|o| match o {
+                Obj::Va { name, node, .. } if *name == va_role => Some(*node),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("scenario {} has no VA {va_role}", self.scenario.name))
+    }
+
+    fn vas(&self) -> Api<VolumeAttachment> {
+        Api::all(self.batch.client.clone())
+    }
+
+    fn pvs(&self) -> Api<PersistentVolume> {
+        Api::all(self.batch.client.clone())
+    }
+}
+
+async fn run_scenario(
+    batch: &BatchCtx,
+    batch_name: &'static str,
+    index: usize,
+    scenario: &Scenario,
+) -> (Outcome, Created) {
+    let started = Instant::now();
+    let ctx = ScenarioCtx {
+        batch,
+        index,
+        scenario,
+    };
+    let mut created = Created::default();
+    let mut checkpoints = Vec::new();
+    let result = async {
+        if let Some((method, fault)) = &scenario.start_fault {
+            batch.mock.set_fault(method, fault.clone());
+        }
+        for obj in &scenario.setup {
+            create(&ctx, obj, &mut created).await?;
+        }
+        for step in &scenario.steps {
+            run_step(&ctx, step, &mut checkpoints).await?;
+        }
+        Ok::<(), String>(())
+    }
+    .await;
+    if scenario.start_fault.is_some() || scenario.steps.iter().any(|s| matches!(s, Step::Fault(..)))
+    {
+        batch.mock.clear_faults();
+    }
+    let failure = match result {
+        Ok(()) => None,
+        Err(e) => {
+            // What the objects looked like when the scenario gave up.
+            checkpoints.push(("at-failure".to_string(), snapshot(&ctx).await));
+            Some(e)
+        }
+    };
+    let outcome = Outcome {
+        batch: batch_name,
+        scenario: scenario.name.clone(),
+        checkpoints,
+        failure,
+        elapsed: started.elapsed(),
+    };
+    (outcome, created)
+}
+
+async fn run_step(
+    ctx: &ScenarioCtx<'_>,
+    step: &Step,
+    checkpoints: &mut Vec<(String, Snapshot)>,
+) -> Result<(), String> {
+    let n = &ctx.batch.normalizer;
+    match step {
+        Step::Wait(role, state) => wait_va(ctx, role, *state).await?,
+        Step::WaitPvGone(role) => wait_deleted(&ctx.pvs(), &ctx.name(role), WAIT)
+            .await
+            .map_err(|e| n.apply(&e.to_string()))?,
+        Step::WaitOkPublishes(role, count) => {
+            let (volume, node) = (ctx.volume(), ctx.node_id(ctx.va_node(role)));
+            let start = Instant::now();
+            loop {
+                let ok = ctx
+                    .batch
+                    .mock
+                    .calls()
+                    .iter()
+                    .filter(|c| {
+                        c.method == PUBLISH
+                            && c.volume_id == volume
+                            && c.node_id == node
+                            && c.code.as_deref() == Some("Ok")
+                    })
+                    .count();
+                if ok >= *count {
+                    break;
+                }
+                if start.elapsed() > WAIT {
+                    return Err(format!(
+                        "{ok} successful ControllerPublishVolume of {volume}@{node} within {WAIT:?}, not {count}"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Step::Pause(d) => tokio::time::sleep(*d).await,
+        Step::Snapshot(label) => {
+            tokio::time::sleep(SNAPSHOT_SETTLE).await;
+            checkpoints.push((label.to_string(), snapshot(ctx).await));
+        }
+        Step::DeleteVa(role) => {
+            ctx.vas()
+                .delete(&ctx.name(role), &DeleteParams::default())
+                .await
+                .map_err(|e| format!("deleting VA {role}: {e}"))?;
+        }
+        Step::DeletePv(role) => {
+            ctx.pvs()
+                .delete(&ctx.name(role), &DeleteParams::default())
+                .await
+                .map_err(|e| format!("deleting PV {role}: {e}"))?;
+        }
+        Step::DeleteCsiNode(role) => {
+            Api::<CSINode>::all(ctx.batch.client.clone())
+                .delete(&ctx.name(role), &DeleteParams::default())
+                .await
+                .map_err(|e| format!("deleting CSINode {role}: {e}"))?;
+        }
+        Step::Fault(method, fault) => ctx.batch.mock.set_fault(method, fault.clone()),
+        Step::ClearFaults => ctx.batch.mock.clear_faults(),
+        Step::UnpublishBehindBack(role) => {
+            let mut c = controller(&ctx.batch.socket).await?;
+            c.controller_unpublish_volume(proto::ControllerUnpublishVolumeRequest {
+                volume_id: ctx.volume(),
+                node_id: ctx.node_id(ctx.va_node(role)),
+                secrets: Default::default(),
+            })
+            .await
+            .map_err(|e| format!("unpublishing behind the attacher's back: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+async fn wait_va(ctx: &ScenarioCtx<'_>, role: &str, state: VaState) -> Result<(), String> {
+    let api = ctx.vas();
+    let name = ctx.name(role);
+    let status = |va: Option<&VolumeAttachment>| va.and_then(|v| v.status.clone());
+    let r = match state {
+        VaState::Attached => wait_for(
+            &api,
+            &name,
+            "status.attached=true",
+            move |va: Option<&VolumeAttachment>| status(va).is_some_and(|s| s.attached),
+            WAIT,
+        )
+        .await
+        .map(drop),
+        VaState::AttachError => wait_for(
+            &api,
+            &name,
+            "status.attachError set",
+            move |va: Option<&VolumeAttachment>| {
+                status(va).is_some_and(|s| s.attach_error.is_some())
+            },
+            WAIT,
+        )
+        .await
+        .map(drop),
+        VaState::DetachError => wait_for(
+            &api,
+            &name,
+            "status.detachError set",
+            move |va: Option<&VolumeAttachment>| {
+                status(va).is_some_and(|s| s.detach_error.is_some())
+            },
+            WAIT,
+        )
+        .await
+        .map(drop),
+        VaState::Gone => wait_deleted(&api, &name, WAIT).await,
+    };
+    r.map_err(|e| ctx.batch.normalizer.apply(&format!("VA {role}: {e}")))
+}
+
+/// The scenario's objects and calls now, normalized.
+async fn snapshot(ctx: &ScenarioCtx<'_>) -> Snapshot {
+    let n = &ctx.batch.normalizer;
+    let mut s = Snapshot::default();
+    for obj in &ctx.scenario.setup {
+        match obj {
+            Obj::Va { name, .. } => {
+                let va = ctx.vas().get_opt(&ctx.name(name)).await.ok().flatten();
+                s.va(name, va.as_ref(), n);
+            }
+            Obj::Pv { name, .. } => {
+                let pv = ctx.pvs().get_opt(&ctx.name(name)).await.ok().flatten();
+                s.pv(name, pv.as_ref(), n);
+            }
+            _ => {}
+        }
+    }
+    let handles = ctx.handles();
+    let calls: Vec<_> = ctx
+        .batch
+        .mock
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            (c.method == PUBLISH || c.method == UNPUBLISH) && handles.contains(&c.volume_id)
+        })
+        .collect();
+    s.calls(&calls, n);
+    s
+}
+
+/// A Controller client on the mock's socket.
+async fn controller(socket: &Path) -> Result<ControllerClient<tonic::transport::Channel>, String> {
+    let address = socket
+        .to_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad socket path {}", socket.display()))?;
+    let conn = Connection::connect(address, Some(Duration::from_secs(10)))
+        .await
+        .map_err(|e| format!("connecting to the mock: {e}"))?;
+    Ok(ControllerClient::new(conn.channel()))
+}
+
+/// The CSI source, access modes and volume mode of a PV or inline spec.
+fn csi_spec(ctx: &ScenarioCtx<'_>, spec: &CsiSpec) -> PersistentVolumeSpec {
+    let mut b =
+        PvBuilder::new("unused", &ctx.batch.driver, &ctx.volume()).access_modes(spec.access_modes);
+    if spec.block {
+        b = b.volume_mode("Block");
+    }
+    if let Some(ro) = spec.read_only {
+        b = b.read_only(ro);
+    }
+    if let Some(fs) = spec.fs_type {
+        b = b.fs_type(fs);
+    }
+    if let Some(secret) = spec.secret {
+        b = b.controller_publish_secret(&ctx.name(secret), SECRET_NAMESPACE);
+    }
+    for (k, v) in spec.attributes {
+        b = b.volume_attribute(k, v);
+    }
+    b.build().spec.expect("the builder sets a spec")
+}
+
+async fn create(ctx: &ScenarioCtx<'_>, obj: &Obj, created: &mut Created) -> Result<(), String> {
+    let client = &ctx.batch.client;
+    let pp = PostParams::default();
+    match obj {
+        Obj::CsiNode { node, entry } => {
+            let name = ctx.name(node);
+            match entry {
+                NodeEntry::OurDriver => {
+                    create_csinode(client, &name, &ctx.batch.driver, &ctx.node_id(node)).await
+                }
+                NodeEntry::OtherDriverOnly => {
+                    create_csinode(client, &name, &ctx.batch.foreign_driver, "foreign-node").await
+                }
+            };
+            created.csinodes.push(name);
+        }
+        Obj::Secret { name, data } => {
+            let secret = Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(ctx.name(name)),
+                    ..Default::default()
+                },
+                string_data: Some(
+                    data.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            };
+            Api::<Secret>::namespaced(client.clone(), SECRET_NAMESPACE)
+                .create(&pp, &secret)
+                .await
+                .map_err(|e| format!("creating Secret {name}: {e}"))?;
+            created.secrets.push(ctx.name(name));
+        }
+        Obj::Pv {
+            name,
+            source,
+            deleting,
+        } => {
+            let pv_name = ctx.name(name);
+            let mut pv = PvBuilder::new(&pv_name, &ctx.batch.driver, &ctx.volume()).build();
+            let spec = pv.spec.as_mut().expect("the builder sets a spec");
+            match source {
+                PvSource::Csi(c) => {
+                    let s = csi_spec(ctx, c);
+                    spec.csi = s.csi;
+                    spec.access_modes = s.access_modes;
+                    spec.volume_mode = s.volume_mode;
+                }
+                PvSource::HostPath => {
+                    spec.csi = None;
+                    spec.host_path = Some(HostPathVolumeSource {
+                        path: "/tmp/attacher-hub-differential".into(),
+                        type_: None,
+                    });
+                }
+                PvSource::GcePd {
+                    pd_name,
+                    zone,
+                    fs_type,
+                    partition,
+                } => {
+                    spec.csi = None;
+                    spec.gce_persistent_disk = Some(GCEPersistentDiskVolumeSource {
+                        pd_name: pd_name.to_string(),
+                        fs_type: Some(fs_type.to_string()),
+                        partition: Some(*partition),
+                        read_only: None,
+                    });
+                    pv.metadata.labels = Some(BTreeMap::from([(
+                        "topology.kubernetes.io/zone".to_string(),
+                        zone.to_string(),
+                    )]));
+                }
+            }
+            if *deleting {
+                pv.metadata.finalizers = Some(vec!["test/keep".to_string()]);
+            }
+            let api = ctx.pvs();
+            api.create(&pp, &pv)
+                .await
+                .map_err(|e| format!("creating PV {name}: {e}"))?;
+            created.pvs.push(pv_name.clone());
+            if *deleting {
+                api.delete(&pv_name, &DeleteParams::default())
+                    .await
+                    .map_err(|e| format!("deleting PV {name}: {e}"))?;
+            }
+        }
+        Obj::Va {
+            name,
+            node,
+            source,
+            foreign,
+        } => {
+            let attacher = if *foreign {
+                &ctx.batch.foreign_driver
+            } else {
+                &ctx.batch.driver
+            };
+            let mut obj = match source {
+                VaSource::Pv(pv) => va(&ctx.name(name), attacher, &ctx.name(node), &ctx.name(pv)),
+                VaSource::Inline(c) => {
+                    let mut v = va(&ctx.name(name), attacher, &ctx.name(node), "unused");
+                    let full = csi_spec(ctx, c);
+                    v.spec.source.persistent_volume_name = None;
+                    v.spec.source.inline_volume_spec = Some(PersistentVolumeSpec {
+                        access_modes: full.access_modes,
+                        volume_mode: full.volume_mode,
+                        csi: full.csi,
+                        ..PersistentVolumeSpec::default()
+                    });
+                    v
+                }
+            };
+            obj.metadata.name = Some(ctx.name(name));
+            ctx.vas()
+                .create(&pp, &obj)
+                .await
+                .map_err(|e| format!("creating VA {name}: {e}"))?;
+            created.vas.push(ctx.name(name));
+        }
+        Obj::MockVolume { handle } => {
+            let mut c = controller(&ctx.batch.socket).await?;
+            c.create_volume(proto::CreateVolumeRequest {
+                name: handle.to_string(),
+                volume_capabilities: vec![proto::VolumeCapability {
+                    access_type: Some(AccessType::Mount(MountVolume::default())),
+                    access_mode: Some(AccessMode {
+                        mode: Mode::SingleNodeWriter as i32,
+                    }),
+                }],
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("creating mock volume {handle}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes every object a scenario created, finalizers first (the attacher
+/// is stopped by now, and no controller-manager runs).
+async fn cleanup(client: &Client, created: &Created) {
+    let unfinalize = Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+    let pp = PatchParams::default();
+    let dp = DeleteParams::default();
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    for name in &created.vas {
+        let _ = vas.patch(name, &pp, &unfinalize).await;
+        let _ = vas.delete(name, &dp).await;
+    }
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    for name in &created.pvs {
+        let _ = pvs.patch(name, &pp, &unfinalize).await;
+        let _ = pvs.delete(name, &dp).await;
+    }
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    for name in &created.csinodes {
+        let _ = csinodes.delete(name, &dp).await;
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), SECRET_NAMESPACE);
+    for name in &created.secrets {
+        let _ = secrets.delete(name, &dp).await;
+    }
+}

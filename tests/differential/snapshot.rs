@@ -1,0 +1,312 @@
+//! Normalized snapshots of a scenario's objects and CSI calls, and their
+//! field-by-field comparison.
+//!
+//! A snapshot is a flat map `field path → value`, with every run-specific
+//! string (object names, driver names) replaced by a placeholder, so that a
+//! Go snapshot and a hub snapshot of the same scenario are equal when the two
+//! attachers behaved the same.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use attacher_hub::mock::CallRecord;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+
+pub(crate) const PUBLISH: &str = "ControllerPublishVolume";
+pub(crate) const UNPUBLISH: &str = "ControllerUnpublishVolume";
+
+/// Replaces run-specific strings by placeholders.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Normalizer {
+    /// `(actual, placeholder)`, longest `actual` first.
+    replacements: Vec<(String, String)>,
+}
+
+impl Normalizer {
+    /// Adds a replacement; longer strings are replaced first, so a name that
+    /// contains another is replaced whole.
+    pub(crate) fn with(mut self, actual: &str, placeholder: &str) -> Self {
+        self.replacements
+            .push((actual.to_string(), placeholder.to_string()));
+        self.replacements
+            .sort_by_key(|(a, _)| std::cmp::Reverse(a.len()));
+        self
+    }
+
+    pub(crate) fn apply(&self, s: &str) -> String {
+        self.replacements
+            .iter()
+            .fold(s.to_string(), |acc, (a, p)| acc.replace(a.as_str(), p))
+    }
+}
+
+/// One normalized observation of a scenario.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Snapshot {
+    /// Field path → normalized value.
+    pub(crate) fields: BTreeMap<String, String>,
+    /// Call-entry field path → how many identical consecutive calls it stands for.
+    pub(crate) counts: BTreeMap<String, usize>,
+    /// Call-entry paths that are ControllerPublishVolume calls answered OK.
+    pub(crate) ok_publishes: BTreeSet<String>,
+    /// Call-entry paths that are ControllerUnpublishVolume calls answered OK.
+    pub(crate) ok_unpublishes: BTreeSet<String>,
+    /// One line for the report: the state of each VA.
+    pub(crate) summary: String,
+}
+
+const NONE: &str = "<none>";
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("<{e}>"))
+}
+
+impl Snapshot {
+    /// Records a VA (by role); `None` when it does not exist.
+    pub(crate) fn va(&mut self, role: &str, va: Option<&VolumeAttachment>, n: &Normalizer) {
+        let key = |field: &str| format!("va[{role}].{field}");
+        let Some(va) = va else {
+            self.fields.insert(key("exists"), "false".into());
+            self.note(role, "gone");
+            return;
+        };
+        let f = &mut self.fields;
+        f.insert(key("exists"), "true".into());
+        f.insert(
+            key("deleting"),
+            va.metadata.deletion_timestamp.is_some().to_string(),
+        );
+        let finalizers: Vec<String> = va
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .map(|s| n.apply(s))
+            .collect();
+        f.insert(key("finalizers"), json(&finalizers));
+        let annotations: BTreeMap<String, String> = va
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| !k.starts_with("kubectl.kubernetes.io/"))
+            .map(|(k, v)| (k.clone(), n.apply(v)))
+            .collect();
+        f.insert(key("annotations"), json(&annotations));
+        let Some(st) = &va.status else {
+            f.insert(key("status"), NONE.into());
+            self.note(role, "no status");
+            return;
+        };
+        f.insert(key("status.attached"), st.attached.to_string());
+        f.insert(
+            key("status.attachmentMetadata"),
+            st.attachment_metadata
+                .as_ref()
+                .map_or(NONE.into(), |m| n.apply(&json(m))),
+        );
+        let (message, code) = st
+            .attach_error
+            .as_ref()
+            .map_or((NONE.into(), NONE.into()), |e| {
+                (
+                    e.message.as_deref().map_or(NONE.into(), |m| n.apply(m)),
+                    e.error_code.map_or(NONE.into(), |c| c.to_string()),
+                )
+            });
+        f.insert(key("status.attachError.message"), message.clone());
+        f.insert(key("status.attachError.errorCode"), code.clone());
+        let detach = st.detach_error.as_ref().map_or(NONE.into(), |e| {
+            e.message.as_deref().map_or(NONE.into(), |m| n.apply(m))
+        });
+        f.insert(key("status.detachError.message"), detach.clone());
+        let mut state = if st.attached {
+            "attached"
+        } else {
+            "not attached"
+        }
+        .to_string();
+        if message != NONE {
+            state = format!("attachError(code {code}) {message:?}");
+        }
+        if detach != NONE {
+            state = format!("{state}; detachError {detach:?}");
+        }
+        self.note(role, &state);
+    }
+
+    /// Records a PV (by role); `None` when it does not exist.
+    pub(crate) fn pv(&mut self, role: &str, pv: Option<&PersistentVolume>, n: &Normalizer) {
+        let key = |field: &str| format!("pv[{role}].{field}");
+        let Some(pv) = pv else {
+            self.fields.insert(key("exists"), "false".into());
+            return;
+        };
+        self.fields.insert(key("exists"), "true".into());
+        self.fields.insert(
+            key("deleting"),
+            pv.metadata.deletion_timestamp.is_some().to_string(),
+        );
+        let finalizers: Vec<String> = pv
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .map(|s| n.apply(s))
+            .collect();
+        self.fields.insert(key("finalizers"), json(&finalizers));
+    }
+
+    /// Records the Controller(Un)Publish calls (already filtered to the
+    /// scenario's volumes), grouped per volume and node, with consecutive
+    /// identical calls collapsed into one entry and a count.
+    pub(crate) fn calls(&mut self, calls: &[CallRecord], n: &Normalizer) {
+        let mut groups: BTreeMap<String, Vec<(String, &CallRecord, usize)>> = BTreeMap::new();
+        for c in calls {
+            let group = n.apply(&format!("{}@{}", c.volume_id, c.node_id));
+            let text = n.apply(&render(c));
+            let entries = groups.entry(group).or_default();
+            match entries.last_mut() {
+                Some((last, _, count)) if *last == text => *count += 1,
+                _ => entries.push((text, c, 1)),
+            }
+        }
+        for (group, entries) in groups {
+            self.fields
+                .insert(format!("calls[{group}].entries"), entries.len().to_string());
+            for (i, (text, c, count)) in entries.into_iter().enumerate() {
+                let key = format!("calls[{group}][{i}]");
+                if c.code.as_deref() == Some("Ok") {
+                    if c.method == PUBLISH {
+                        self.ok_publishes.insert(key.clone());
+                    } else if c.method == UNPUBLISH {
+                        self.ok_unpublishes.insert(key.clone());
+                    }
+                }
+                self.counts.insert(key.clone(), count);
+                self.fields.insert(key, text);
+            }
+        }
+        if calls.is_empty() {
+            self.fields.insert("calls".into(), "none".into());
+        }
+    }
+
+    fn note(&mut self, role: &str, state: &str) {
+        if !self.summary.is_empty() {
+            self.summary.push_str("; ");
+        }
+        self.summary.push_str(&format!("{role}: {state}"));
+    }
+}
+
+/// One call as a line: everything the attacher chose, and the answer.
+fn render(c: &CallRecord) -> String {
+    let answer = c.code.as_deref().unwrap_or("no answer (caller gave up)");
+    if c.method == PUBLISH {
+        format!(
+            "{} readonly={} mode={} type={} fs={:?} context={} secrets={} -> {answer}",
+            c.method,
+            c.readonly,
+            c.access_mode,
+            c.access_type,
+            c.fs_type,
+            json(&c.volume_context),
+            json(&c.secrets),
+        )
+    } else {
+        format!("{} secrets={} -> {answer}", c.method, json(&c.secrets))
+    }
+}
+
+/// Every difference between the Go snapshot and the hub snapshot of one
+/// checkpoint, as readable lines; empty when they agree.
+///
+/// Counts of collapsed entries are compared only where they mean something:
+/// * a ControllerPublishVolume answered OK: the hub may call it *fewer*
+///   times than Go (no duplicate publish caused by its own writes, spec 3.12)
+///   and must call it exactly once;
+/// * a ControllerUnpublishVolume answered OK: the same number of times;
+/// * failed calls are retries whose number depends on timing: not compared.
+pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Vec<String> {
+    let mut out = Vec::new();
+    let keys: BTreeSet<&String> = go.fields.keys().chain(hub.fields.keys()).collect();
+    for k in keys {
+        let g = go.fields.get(k).map_or("<absent>", String::as_str);
+        let h = hub.fields.get(k).map_or("<absent>", String::as_str);
+        if g != h {
+            out.push(format!("{k}:\n      Go:  {g}\n      hub: {h}"));
+        }
+    }
+    for k in &hub.ok_publishes {
+        if go.fields.get(k) != hub.fields.get(k) {
+            continue; // already reported above
+        }
+        let g = go.counts.get(k).copied().unwrap_or(0);
+        let h = hub.counts.get(k).copied().unwrap_or(0);
+        if h != 1 || h > g {
+            out.push(format!(
+                "{k}: successful ControllerPublishVolume made {h} time(s) in a row by the hub (Go: {g}); the hub must publish exactly once per attach and never more often than Go"
+            ));
+        }
+    }
+    for k in &hub.ok_unpublishes {
+        if go.fields.get(k) != hub.fields.get(k) {
+            continue;
+        }
+        let g = go.counts.get(k).copied().unwrap_or(0);
+        let h = hub.counts.get(k).copied().unwrap_or(0);
+        if g != h {
+            out.push(format!(
+                "{k}: successful ControllerUnpublishVolume made {h} time(s) in a row by the hub, {g} by Go"
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(method: &str, code: &str) -> CallRecord {
+        CallRecord {
+            method: method.into(),
+            volume_id: "vol-0".into(),
+            node_id: "nid".into(),
+            code: Some(code.into()),
+            ..CallRecord::default()
+        }
+    }
+
+    #[test]
+    fn duplicates_collapse_and_counts_follow_the_rules() {
+        let n = Normalizer::default();
+        let mut go = Snapshot::default();
+        go.calls(
+            &[
+                call(PUBLISH, "FailedPrecondition"),
+                call(PUBLISH, "FailedPrecondition"),
+                call(PUBLISH, "Ok"),
+                call(PUBLISH, "Ok"),
+            ],
+            &n,
+        );
+        let mut hub = Snapshot::default();
+        hub.calls(
+            &[call(PUBLISH, "FailedPrecondition"), call(PUBLISH, "Ok")],
+            &n,
+        );
+        assert!(compare(&go, &hub).is_empty(), "{:?}", compare(&go, &hub));
+        // The hub publishing more often than Go is a difference.
+        assert!(!compare(&hub, &go).is_empty());
+    }
+
+    #[test]
+    fn normalizer_replaces_longest_first() {
+        let n = Normalizer::default()
+            .with("run-1", "<run>")
+            .with("run-12", "<run12>");
+        assert_eq!(n.apply("run-12-pv run-1-pv"), "<run12>-pv <run>-pv");
+    }
+}
