@@ -853,6 +853,8 @@ async fn hub_leads_then_sigkill_hands_over_to_go() {
         .wait_for_output("Successfully acquired lease", 1, SLACK)
         .await
         .expect("Go logs the acquisition");
+    // Let the monitor see Go lead for a while (its gauge follows its log).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let report = monitor.finish("hub→go (SIGKILL)").await;
     assert!(report.samples >= 80, "only {} samples", report.samples);
     assert!(
@@ -980,6 +982,8 @@ async fn graceful_stop_of_hub_hands_over_to_go_quickly() {
             .any(|l| l.contains("released the lease")),
         "the hub logs the release"
     );
+    // Let the monitor see Go lead for a while (its gauge follows its log).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let report = monitor.finish("hub→go (SIGTERM)").await;
     assert!(report.samples >= 40, "only {} samples", report.samples);
     assert!(

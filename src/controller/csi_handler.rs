@@ -440,7 +440,17 @@ impl CsiHandler {
             let attached = va.status.as_ref().is_some_and(|s| s.attached);
             if found != attached {
                 tracing::info!(va = %name, published = found, attached, "VolumeAttachment attached status and actual state do not match");
-                lock(&self.force_sync).insert(name.clone());
+                // A sync is forced only where a normal one would do nothing:
+                // an attached VA whose volume is not published (publish it
+                // again), or a deleting VA that is still published (detach
+                // it even if our finalizer is gone). A VA that is published
+                // but not yet marked attached gets a normal sync, which
+                // attaches it; forcing that one could publish twice when the
+                // worker attaches it meanwhile.
+                let deleting = va.metadata.deletion_timestamp.is_some();
+                if !found || deleting {
+                    lock(&self.force_sync).insert(name.clone());
+                }
                 out_of_sync.push(name);
             }
         }
