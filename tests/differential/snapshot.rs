@@ -219,8 +219,23 @@ fn render(c: &CallRecord) -> String {
     }
 }
 
+/// Differences between two snapshots, as readable lines.
+#[derive(Debug, Default)]
+pub(crate) struct Differences {
+    /// Fields (objects, call entries, unpublish counts) that differ.
+    pub(crate) fields: Vec<String>,
+    /// Successful publishes the hub repeated (issue 4 item 8).
+    pub(crate) duplicate_publishes: Vec<String>,
+}
+
+impl Differences {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.fields.is_empty() && self.duplicate_publishes.is_empty()
+    }
+}
+
 /// Every difference between the Go snapshot and the hub snapshot of one
-/// checkpoint, as readable lines; empty when they agree.
+/// checkpoint; empty when they agree.
 ///
 /// Counts of collapsed entries are compared only where they mean something:
 /// * a ControllerPublishVolume answered OK: the hub may call it *fewer*
@@ -228,14 +243,15 @@ fn render(c: &CallRecord) -> String {
 ///   and must call it exactly once;
 /// * a ControllerUnpublishVolume answered OK: the same number of times;
 /// * failed calls are retries whose number depends on timing: not compared.
-pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Vec<String> {
-    let mut out = Vec::new();
+pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Differences {
+    let mut out = Differences::default();
     let keys: BTreeSet<&String> = go.fields.keys().chain(hub.fields.keys()).collect();
     for k in keys {
         let g = go.fields.get(k).map_or("<absent>", String::as_str);
         let h = hub.fields.get(k).map_or("<absent>", String::as_str);
         if g != h {
-            out.push(format!("{k}:\n      Go:  {g}\n      hub: {h}"));
+            out.fields
+                .push(format!("{k}:\n      Go:  {g}\n      hub: {h}"));
         }
     }
     for k in &hub.ok_publishes {
@@ -245,7 +261,7 @@ pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Vec<String> {
         let g = go.counts.get(k).copied().unwrap_or(0);
         let h = hub.counts.get(k).copied().unwrap_or(0);
         if h != 1 || h > g {
-            out.push(format!(
+            out.duplicate_publishes.push(format!(
                 "{k}: successful ControllerPublishVolume made {h} time(s) in a row by the hub (Go: {g}); the hub must publish exactly once per attach and never more often than Go"
             ));
         }
@@ -257,7 +273,7 @@ pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Vec<String> {
         let g = go.counts.get(k).copied().unwrap_or(0);
         let h = hub.counts.get(k).copied().unwrap_or(0);
         if g != h {
-            out.push(format!(
+            out.fields.push(format!(
                 "{k}: successful ControllerUnpublishVolume made {h} time(s) in a row by the hub, {g} by Go"
             ));
         }
