@@ -319,28 +319,24 @@ async fn run_step(
         Step::WaitPvGone(role) => wait_deleted(&ctx.pvs(), &ctx.name(role), WAIT)
             .await
             .map_err(|e| n.apply(&e.to_string()))?,
-        Step::WaitOkPublishes(role, count) => {
+        Step::WaitRepublished(role) => {
             let (volume, node) = (ctx.volume(), ctx.node_id(ctx.va_node(role)));
             let start = Instant::now();
             loop {
-                let ok = ctx
-                    .batch
-                    .mock
-                    .calls()
+                let calls = ctx.batch.mock.calls();
+                let ours = calls
                     .iter()
-                    .filter(|c| {
-                        c.method == PUBLISH
-                            && c.volume_id == volume
-                            && c.node_id == node
-                            && c.code.as_deref() == Some("Ok")
-                    })
+                    .filter(|c| c.volume_id == volume && c.node_id == node);
+                let after_unpublish = ours
+                    .skip_while(|c| c.method != UNPUBLISH)
+                    .filter(|c| c.method == PUBLISH && c.code.as_deref() == Some("Ok"))
                     .count();
-                if ok >= *count {
+                if after_unpublish > 0 {
                     break;
                 }
                 if start.elapsed() > WAIT {
                     return Err(format!(
-                        "{ok} successful ControllerPublishVolume of {volume}@{node} within {WAIT:?}, not {count}"
+                        "no successful ControllerPublishVolume of {volume}@{node} after its unpublish within {WAIT:?}"
                     ));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -399,23 +395,29 @@ async fn wait_va(ctx: &ScenarioCtx<'_>, role: &str, state: VaState) -> Result<()
         )
         .await
         .map(drop),
-        VaState::AttachError => wait_for(
+        VaState::AttachError(text) => wait_for(
             &api,
             &name,
-            "status.attachError set",
+            &format!("status.attachError.message containing {text:?}"),
             move |va: Option<&VolumeAttachment>| {
-                status(va).is_some_and(|s| s.attach_error.is_some())
+                status(va)
+                    .and_then(|s| s.attach_error)
+                    .and_then(|e| e.message)
+                    .is_some_and(|m| m.contains(text))
             },
             WAIT,
         )
         .await
         .map(drop),
-        VaState::DetachError => wait_for(
+        VaState::DetachError(text) => wait_for(
             &api,
             &name,
-            "status.detachError set",
+            &format!("status.detachError.message containing {text:?}"),
             move |va: Option<&VolumeAttachment>| {
-                status(va).is_some_and(|s| s.detach_error.is_some())
+                status(va)
+                    .and_then(|s| s.detach_error)
+                    .and_then(|e| e.message)
+                    .is_some_and(|m| m.contains(text))
             },
             WAIT,
         )

@@ -145,9 +145,9 @@ pub(crate) enum Step {
     Wait(&'static str, VaState),
     /// Wait until the PV of this role is gone.
     WaitPvGone(&'static str),
-    /// Wait until the mock has answered this many ControllerPublishVolume
-    /// calls of the VA's volume and node with OK.
-    WaitOkPublishes(&'static str, usize),
+    /// Wait until the mock has answered a ControllerPublishVolume of the VA's
+    /// volume and node with OK after a ControllerUnpublishVolume of them.
+    WaitRepublished(&'static str),
     /// Let a fixed time pass (for "nothing else happens" checks).
     Pause(Duration),
     /// Record a normalized snapshot under this label.
@@ -169,10 +169,10 @@ pub(crate) enum Step {
 pub(crate) enum VaState {
     /// `status.attached == true`.
     Attached,
-    /// `status.attachError` present.
-    AttachError,
-    /// `status.detachError` present.
-    DetachError,
+    /// `status.attachError.message` contains this text.
+    AttachError(&'static str),
+    /// `status.detachError.message` contains this text.
+    DetachError(&'static str),
     /// The VA no longer exists.
     Gone,
 }
@@ -248,14 +248,24 @@ fn attaches(name: impl Into<String>, intent: &'static str, pv: CsiSpec) -> Scena
 }
 
 /// Any setup, expected to end with an attach error on `va`.
-fn fails(name: impl Into<String>, intent: &'static str, setup: Vec<Obj>) -> Scenario {
+///
+/// `expect` is a part of the error message the spec prescribes: the wait is
+/// for that error, not for any error, because a first attempt may fail
+/// transiently in both attachers (the VA reached the attacher's cache before
+/// the PV or the CSINode did).
+fn fails(
+    name: impl Into<String>,
+    intent: &'static str,
+    expect: &'static str,
+    setup: Vec<Obj>,
+) -> Scenario {
     Scenario {
         name: name.into(),
         intent,
         start_fault: None,
         setup,
         steps: vec![
-            Step::Wait("va", VaState::AttachError),
+            Step::Wait("va", VaState::AttachError(expect)),
             Step::Snapshot("attach-error"),
         ],
         known_difference: None,
@@ -292,6 +302,7 @@ fn access_mode_rows(prefix: &str) -> Vec<Scenario> {
                 fails(
                     name,
                     "an access-mode combination CSI cannot express is refused before any CSI call",
+                    "CSI does not support",
                     simple_setup(csi(modes)),
                 )
             }
@@ -333,6 +344,7 @@ fn default_batch() -> Batch {
         fails(
             "no-csinode",
             "the node has no CSINode: attach refused with the CSINode error (no VA annotation fallback on attach)",
+            "csinode.storage.k8s.io",
             {
                 let mut v = simple_setup(csi(&["ReadWriteOnce"]));
                 v.remove(0);
@@ -342,6 +354,7 @@ fn default_batch() -> Batch {
         fails(
             "csinode-other-driver",
             "the CSINode lacks our driver: 'CSINode <node> does not contain driver <driver>'",
+            "does not contain driver",
             {
                 let mut v = simple_setup(csi(&["ReadWriteOnce"]));
                 v[0] = Obj::CsiNode {
@@ -354,6 +367,7 @@ fn default_batch() -> Batch {
         fails(
             "pv-missing",
             "the VA names a PV that does not exist: 'persistentvolume \"<name>\" not found'",
+            "not found",
             vec![
                 Obj::CsiNode {
                     node: "n0",
@@ -370,6 +384,7 @@ fn default_batch() -> Batch {
         fails(
             "pv-deleting",
             "the PV has a deletionTimestamp: attach refused, no PV finalizer added",
+            "is marked for deletion",
             {
                 let mut v = simple_setup(csi(&["ReadWriteOnce"]));
                 v[1] = Obj::Pv {
@@ -383,6 +398,7 @@ fn default_batch() -> Batch {
         fails(
             "pv-not-csi",
             "a hostPath PV: 'pv spec contained non-csi source that was not migrated'",
+            "non-csi source",
             vec![
                 Obj::CsiNode {
                     node: "n0",
@@ -454,6 +470,7 @@ fn default_batch() -> Batch {
         fails(
             "secret-missing",
             "the referenced Secret does not exist: 'failed to load secret \"<ns>/<name>\": secrets \"<name>\" not found'",
+            "failed to load secret",
             simple_setup(CsiSpec {
                 secret: Some("secret"),
                 ..csi(&["ReadWriteOnce"])
@@ -638,7 +655,12 @@ fn trivial_batch() -> Batch {
 }
 
 /// One "publish fails with a fault, then succeeds when it is cleared" row.
-fn publish_fault_then_ok(name: &str, intent: &'static str, fault: Fault) -> Scenario {
+fn publish_fault_then_ok(
+    name: &str,
+    intent: &'static str,
+    fault: Fault,
+    expect: &'static str,
+) -> Scenario {
     Scenario {
         name: name.into(),
         intent,
@@ -646,7 +668,7 @@ fn publish_fault_then_ok(name: &str, intent: &'static str, fault: Fault) -> Scen
         start_fault: Some((PUBLISH, fault)),
         setup: simple_setup(csi(&["ReadWriteOnce"])),
         steps: vec![
-            Step::Wait("va", VaState::AttachError),
+            Step::Wait("va", VaState::AttachError(expect)),
             Step::Snapshot("attach-error"),
             Step::ClearFaults,
             Step::Wait("va", VaState::Attached),
@@ -663,16 +685,19 @@ fn faults_batch() -> Batch {
             "publish-failed-precondition",
             "ControllerPublish answers FailedPrecondition: attachError with errorCode 9, finalizer kept; attached once the fault is cleared",
             Fault::code(tonic::Code::FailedPrecondition),
+            "code = FailedPrecondition",
         ),
         publish_fault_then_ok(
             "publish-resource-exhausted",
             "ControllerPublish answers ResourceExhausted: attachError with errorCode 8 (the kubelet's terminal signal); attached once cleared",
             Fault::code(tonic::Code::ResourceExhausted),
+            "code = ResourceExhausted",
         ),
         publish_fault_then_ok(
             "publish-timeout",
             "ControllerPublish takes longer than --timeout=2s: a DeadlineExceeded attachError (errorCode 4); attached once the delay is cleared",
             Fault::delay(Duration::from_secs(6)),
+            "DeadlineExceeded",
         ),
         Scenario {
             name: "detach-fails-then-ok".into(),
@@ -683,7 +708,7 @@ fn faults_batch() -> Batch {
                 Step::Wait("va", VaState::Attached),
                 Step::Fault(UNPUBLISH, Fault::code(tonic::Code::Internal)),
                 Step::DeleteVa("va"),
-                Step::Wait("va", VaState::DetachError),
+                Step::Wait("va", VaState::DetachError("code = Internal")),
                 Step::Snapshot("detach-error"),
                 Step::ClearFaults,
                 Step::Wait("va", VaState::Gone),
@@ -719,7 +744,7 @@ fn reconciler_batch() -> Batch {
                 Step::Wait("va", VaState::Attached),
                 Step::Snapshot("attached"),
                 Step::UnpublishBehindBack("va"),
-                Step::WaitOkPublishes("va", 2),
+                Step::WaitRepublished("va"),
                 Step::Snapshot("republished"),
             ],
             known_difference: None,
