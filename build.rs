@@ -1,4 +1,5 @@
-//! Compiles `proto/csi.proto` with protox (pure Rust, no `protoc`) and
+//! Compiles `proto/csi.proto` (and the kubelet's plugin registration API,
+//! `proto/pluginregistration.proto`) with protox (pure Rust, no `protoc`) and
 //! generates the tonic client and server code into `OUT_DIR`.
 //!
 //! Every message with a field marked `(csi.v1.csi_secret) = true` is generated
@@ -10,15 +11,18 @@ use std::{env, fs, path::PathBuf};
 use prost_reflect::{DescriptorPool, Value};
 
 const PROTO: &str = "proto/csi.proto";
+const REGISTRATION_PROTO: &str = "proto/pluginregistration.proto";
 const SECRET_OPTION: &str = "csi.v1.csi_secret";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={PROTO}");
+    println!("cargo:rerun-if-changed={REGISTRATION_PROTO}");
     println!("cargo:rerun-if-changed=build.rs");
 
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_imports(true);
     compiler.open_file("csi.proto")?;
+    compiler.open_file("pluginregistration.proto")?;
     let pool: DescriptorPool = compiler.descriptor_pool();
 
     let secret = pool

@@ -72,22 +72,25 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
         logging: _,      // applied by main before this runs
         config,
         driver_sockets,
+        kubelet_registration_dir,
         exit_on_connection_loss: _,   // in `defaults`
         graceful_shutdown_timeout: _, // in `defaults`
     } = args;
-    let discovery = match driver_sockets {
-        Some(pattern) => {
-            glob::Pattern::new(&pattern).map_err(|e| Error::Glob {
+    let discovery = if driver_sockets.is_some() || kubelet_registration_dir.is_some() {
+        if let Some(pattern) = &driver_sockets {
+            glob::Pattern::new(pattern).map_err(|e| Error::Glob {
                 pattern: pattern.clone(),
                 message: e.to_string(),
             })?;
-            let d = defaults.clone();
-            Some(hub::Discovery {
-                pattern,
-                settings_for: Arc::new(move |address| d.settings_for(address)),
-            })
         }
-        None => None,
+        let d = defaults.clone();
+        Some(hub::Discovery {
+            pattern: driver_sockets,
+            registration_dir: kubelet_registration_dir,
+            settings_for: Arc::new(move |address| d.settings_for(address)),
+        })
+    } else {
+        None
     };
     let (drivers, source) = match config {
         // Hub mode: the file is read and checked before anything else starts.

@@ -96,6 +96,9 @@ pub struct Args {
     pub config: Option<PathBuf>,
     /// `--driver-sockets`: discovery mode, a glob of driver sockets.
     pub driver_sockets: Option<String>,
+    /// `--kubelet-registration-dir`: discovery mode, the kubelet's plugin
+    /// registration directory (CSI plugins registered there are drivers).
+    pub kubelet_registration_dir: Option<PathBuf>,
     /// `--exit-on-connection-loss`: exit 1 when a driver connection drops (the Go sidecar's
     /// behaviour) instead of reconnecting and re-detecting capabilities.
     pub exit_on_connection_loss: bool,
@@ -129,6 +132,7 @@ impl Default for Args {
             logging: Logging::default(),
             config: None,
             driver_sockets: None,
+            kubelet_registration_dir: None,
             exit_on_connection_loss: false,
             graceful_shutdown_timeout: Duration::from_secs(10),
         }
@@ -1012,6 +1016,16 @@ static FLAGS: &[Flag] = &[
         help: "Discovery mode: glob of driver sockets to serve, e.g. '/var/lib/kubelet/plugins/*/csi.sock'.",
         set: |s, v| {
             s.args.driver_sockets = non_empty(v);
+            Ok(())
+        },
+    },
+    Flag {
+        name: "kubelet-registration-dir",
+        kind: Kind::Value("string"),
+        default: "",
+        help: "Discovery mode: the kubelet's plugin registration directory, e.g. /var/lib/kubelet/plugins_registry; every CSI plugin registered there is served.",
+        set: |s, v| {
+            s.args.kubelet_registration_dir = non_empty(v).map(PathBuf::from);
             Ok(())
         },
     },

@@ -6,6 +6,7 @@ pub mod connection;
 pub mod probe;
 pub mod proto;
 pub mod redact;
+pub mod registration;
 pub mod status;
 
 pub use client::{CallError, CallMetrics, DriverClient, PublishRequest, UnpublishRequest};

@@ -11,6 +11,12 @@ use std::fmt;
 
 tonic::include_proto!("csi.v1");
 
+/// The kubelet's plugin registration API (`pluginregistration`), read by
+/// discovery mode to learn drivers' names and sockets.
+pub mod registration {
+    tonic::include_proto!("pluginregistration");
+}
+
 /// Fully qualified names of the messages generated without `Debug` because
 /// they carry a `csi_secret` field, one per line, sorted.
 pub const SECRET_BEARING_MESSAGES: &str =
