@@ -70,6 +70,21 @@ fn leading(drivers: &[Value]) -> BTreeSet<String> {
         .collect()
 }
 
+/// Waits until every VA in `names` is seen attached; on failure shows what
+/// each hub's `/drivers` says (queues, states, errors) before panicking.
+async fn must_attach(watch: &AttachWatch, hubs: &[&Hub], names: &[String]) {
+    if let Err(e) = watch.wait_attached(names, BATCH_TIMEOUT).await {
+        for h in hubs {
+            eprintln!(
+                "/drivers of the hub on port {}: {}",
+                h.port,
+                serde_json::to_string_pretty(&h.drivers().await).unwrap_or_default()
+            );
+        }
+        panic!("{e}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 1. Five drivers in one process
 // ---------------------------------------------------------------------------
@@ -172,7 +187,7 @@ async fn five_drivers_in_one_process_attach_and_detach_250_vas() {
     let started = Instant::now();
     create_all(&client, &plan, &run).await;
     let created = started.elapsed();
-    watch.wait_attached(&va_names, BATCH_TIMEOUT).await.unwrap();
+    must_attach(&watch, &[&hub], &va_names).await;
     let attach_all = started.elapsed();
     println!(
         "five drivers: {} VAs (with their PVs) created in {:.2}s, all attached {:.2}s after the first create",
@@ -335,9 +350,9 @@ async fn paced_phase(
 }
 
 /// Attach latencies of `created`, once all are attached.
-async fn latencies(watch: &AttachWatch, created: &[(String, Instant)]) -> Vec<Duration> {
+async fn latencies(watch: &AttachWatch, hub: &Hub, created: &[(String, Instant)]) -> Vec<Duration> {
     let names: Vec<String> = created.iter().map(|(n, _)| n.clone()).collect();
-    watch.wait_attached(&names, BATCH_TIMEOUT).await.unwrap();
+    must_attach(watch, &[hub], &names).await;
     created
         .iter()
         .map(|(n, at)| watch.attached(n).unwrap().0.duration_since(*at))
@@ -412,8 +427,8 @@ async fn a_hanging_then_crashing_driver_does_not_slow_the_others() {
         1,
     )
     .await;
-    latencies(&watch, &warm).await;
-    watch.wait_attached(&s, BATCH_TIMEOUT).await.unwrap();
+    latencies(&watch, &hub, &warm).await;
+    must_attach(&watch, &[&hub], &s).await;
 
     // Baseline: all four healthy, the same load as in the sick phases.
     let (created, s) = paced_phase(
@@ -428,8 +443,8 @@ async fn a_hanging_then_crashing_driver_does_not_slow_the_others() {
         SICK_PER_PHASE,
     )
     .await;
-    let base = latencies(&watch, &created).await;
-    watch.wait_attached(&s, BATCH_TIMEOUT).await.unwrap();
+    let base = latencies(&watch, &hub, &created).await;
+    must_attach(&watch, &[&hub], &s).await;
     let base_p50 = quantile(&base, 0.5);
 
     // Hang: publish and probe never answer.
@@ -449,7 +464,7 @@ async fn a_hanging_then_crashing_driver_does_not_slow_the_others() {
     )
     .await;
     sick_vas.extend(s.clone());
-    let hang = latencies(&watch, &created).await;
+    let hang = latencies(&watch, &hub, &created).await;
     let hang_p50 = quantile(&hang, 0.5);
     // The sick driver is connected and leading, with work stuck in it, and
     // (after the 5 s call deadline) says why.
@@ -527,7 +542,7 @@ async fn a_hanging_then_crashing_driver_does_not_slow_the_others() {
     )
     .await;
     sick_vas.extend(s);
-    let crash = latencies(&watch, &created).await;
+    let crash = latencies(&watch, &hub, &created).await;
     let crash_p50 = quantile(&crash, 0.5);
 
     // Back, but its Probe still hangs: not ready, never leading.
@@ -556,7 +571,7 @@ async fn a_hanging_then_crashing_driver_does_not_slow_the_others() {
     let recovered = Instant::now();
     hub.wait_state(&sick.name, "leading", Duration::from_secs(60))
         .await;
-    watch.wait_attached(&sick_vas, BATCH_TIMEOUT).await.unwrap();
+    must_attach(&watch, &[&hub], &sick_vas).await;
     println!(
         "isolation: after the faults were cleared the sick driver led again and its {} VAs attached in {:.2}s",
         sick_vas.len(),
@@ -580,7 +595,7 @@ async fn a_hanging_then_crashing_driver_does_not_slow_the_others() {
         SICK_PER_PHASE,
     )
     .await;
-    let after = latencies(&watch, &created).await;
+    let after = latencies(&watch, &hub, &created).await;
     let after_p50 = quantile(&after, 0.5);
 
     println!(
@@ -752,7 +767,7 @@ async fn two_replicas_split_the_drivers_and_take_over_from_a_dead_one() {
     let batch1 = plan_batch("b1", &mocks, &nodes, 0, 10);
     create_all(&client, &batch1, &run).await;
     let names1: Vec<String> = batch1.iter().map(|p| p.va.clone()).collect();
-    watch.wait_attached(&names1, BATCH_TIMEOUT).await.unwrap();
+    must_attach(&watch, &[&r1, &r2], &names1).await;
 
     // Kill r1 without a chance to release anything.
     let killed = Instant::now();
@@ -790,7 +805,7 @@ async fn two_replicas_split_the_drivers_and_take_over_from_a_dead_one() {
     let batch3 = plan_batch("b3", &mocks, &nodes, 20, 10);
     create_all(&client, &batch3, &run).await;
     let rest: Vec<String> = batch2.iter().chain(&batch3).map(|p| p.va.clone()).collect();
-    watch.wait_attached(&rest, BATCH_TIMEOUT).await.unwrap();
+    must_attach(&watch, &[&r2], &rest).await;
     println!(
         "replicas: all {} VAs attached ({} created during the take-over)",
         names1.len() + rest.len(),
@@ -901,7 +916,7 @@ async fn editing_the_driver_file_adds_and_removes_drivers_without_disturbing_the
         .collect();
     create_all(&client, &first, &run).await;
     let names: Vec<String> = first.iter().map(|p| p.va.clone()).collect();
-    watch.wait_attached(&names, BATCH_TIMEOUT).await.unwrap();
+    must_attach(&watch, &[&hub], &names).await;
     let a_probes = probe_calls(&a);
 
     // Swap the mount to A + C while A's VAs keep coming.
@@ -932,7 +947,7 @@ async fn editing_the_driver_file_adds_and_removes_drivers_without_disturbing_the
         swapped.elapsed().as_secs_f64()
     );
     let names: Vec<String> = during_created.iter().map(|(n, _)| n.clone()).collect();
-    watch.wait_attached(&names, BATCH_TIMEOUT).await.unwrap();
+    must_attach(&watch, &[&hub], &names).await;
     let worst = during_created
         .iter()
         .map(|(n, at)| watch.attached(n).unwrap().0.duration_since(*at))
@@ -961,7 +976,7 @@ async fn editing_the_driver_file_adds_and_removes_drivers_without_disturbing_the
     let cs = plan_for(&c, "c1", 5);
     create_all(&client, &cs, &run).await;
     let names: Vec<String> = cs.iter().map(|p| p.va.clone()).collect();
-    watch.wait_attached(&names, BATCH_TIMEOUT).await.unwrap();
+    must_attach(&watch, &[&hub], &names).await;
     assert!(
         lease_holder(&leases, &c.name).await.is_some(),
         "C holds its Lease"
@@ -998,7 +1013,7 @@ async fn editing_the_driver_file_adds_and_removes_drivers_without_disturbing_the
         .collect();
     create_all(&client, &last, &run).await;
     let names: Vec<String> = last.iter().map(|p| p.va.clone()).collect();
-    watch.wait_attached(&names, BATCH_TIMEOUT).await.unwrap();
+    must_attach(&watch, &[&hub], &names).await;
     assert_eq!(probe_calls(&a), a_probes, "A was never restarted");
     assert_eq!(hub.pid(), pid);
     assert!(hub.process.exited().is_none());
@@ -1058,10 +1073,7 @@ async fn discovered_sockets_become_and_stop_being_drivers() {
     let watch = AttachWatch::start(&client, &run).await;
     let p = Planned::new(&unique_name("va"), &d1, &node, "vol-0");
     create_all(&client, std::slice::from_ref(&p), &run).await;
-    watch
-        .wait_attached(std::slice::from_ref(&p.va), BATCH_TIMEOUT)
-        .await
-        .unwrap();
+    must_attach(&watch, &[&hub], std::slice::from_ref(&p.va)).await;
     assert_eq!(
         mock.calls()
             .iter()
