@@ -187,7 +187,11 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// Set while attacher-hub is known (and reported) to repeat a successful
 /// ControllerPublishVolume on some attaches: such repeats are then listed as
 /// known differences instead of failing the test. `None`: they fail it.
-pub(crate) const KNOWN_DUPLICATE_PUBLISH: Option<&str> = None;
+pub(crate) const KNOWN_DUPLICATE_PUBLISH: Option<&str> = Some(
+    "reported to the attach owner: attacher-hub at 0d7ac43+ still publishes twice on some attaches \
+     ('already marked attached; waiting for the watch to catch up', then a second \
+     ControllerPublishVolume ~70 ms later); set to None once fixed",
+);
 
 /// The whole table.
 pub(crate) fn table() -> Vec<Batch> {
@@ -793,6 +797,9 @@ fn migration_batch() -> Batch {
                 Step::Snapshot("attached"),
                 Step::DeleteVa("va"),
                 Step::Wait("va", VaState::Gone),
+                // The PV queue acts on the VA's deletion: the migrated-to
+                // rule (spec 3.8) lets the finalizer go although the PV stays.
+                Step::Pause(SETTLE),
                 Step::Snapshot("detached"),
                 Step::DeletePv("pv"),
                 Step::WaitPvGone("pv"),
