@@ -133,17 +133,13 @@ pub fn start(
 
     let va_task = {
         let route = route.clone();
-        let store = stores.vas.clone();
         run_watch(
             Api::<VolumeAttachment>::all(client.clone()),
             va_writer,
-            move |event| match event {
-                watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
-                    let old = store.get(&ObjectRef::from_obj(va));
-                    route.va_applied(old.as_deref(), va);
-                }
-                watcher::Event::Delete(va) => route.va_deleted(va),
-                watcher::Event::Init | watcher::Event::InitDone => {}
+            stores.vas.clone(),
+            move |change| match change {
+                Change::Applied { old, new } => route.va_applied(old.as_deref(), &new),
+                Change::Deleted(va) => route.va_deleted(&va),
             },
             shutdown.clone(),
         )
@@ -154,9 +150,11 @@ pub fn start(
         run_watch(
             Api::<PersistentVolume>::all(client.clone()),
             pv_writer,
-            move |event| match event {
-                watcher::Event::Apply(pv) | watcher::Event::InitApply(pv) => route.pv_applied(pv),
-                _ => {}
+            stores.pvs.clone(),
+            move |change| {
+                if let Change::Applied { new, .. } = change {
+                    route.pv_applied(&new);
+                }
             },
             shutdown.clone(),
         )
@@ -165,6 +163,7 @@ pub fn start(
     let csinode_task = run_watch(
         Api::<CSINode>::all(client),
         csinode_writer,
+        stores.csinodes.clone(),
         |_| {},
         shutdown.clone(),
     )
@@ -201,12 +200,29 @@ pub fn start(
     (stores, all)
 }
 
-/// Drives one watch into its store, calling `on_event` for each event before
-/// the store applies it (so the store still holds the previous copy).
+/// What changed in a cache, delivered after the cache holds the change (so a
+/// worker woken by it reads the new object, as client-go's informers
+/// guarantee).
+enum Change<K> {
+    /// Added or modified; `old` is the copy the cache held before.
+    Applied {
+        /// The previous copy, if any.
+        old: Option<Arc<K>>,
+        /// The object now.
+        new: K,
+    },
+    /// Gone (including objects found missing when a watch is re-listed).
+    Deleted(K),
+}
+
+/// Drives one watch into its store and reports each change once the store
+/// has applied it. Objects of a re-list are reported when the whole list has
+/// replaced the store; objects missing from it are reported deleted.
 async fn run_watch<K, F>(
     api: Api<K>,
     mut writer: reflector::store::Writer<K>,
-    on_event: F,
+    store: Store<K>,
+    on_change: F,
     shutdown: CancellationToken,
 ) where
     K: Resource<DynamicType = ()>
@@ -216,7 +232,7 @@ async fn run_watch<K, F>(
         + Sync
         + serde::de::DeserializeOwned
         + 'static,
-    F: Fn(&watcher::Event<K>),
+    F: Fn(Change<K>),
 {
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
@@ -224,18 +240,59 @@ async fn run_watch<K, F>(
     let mut stream: std::pin::Pin<
         Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
     > = Box::pin(stream);
+    // Objects of a list in progress, with the copy the store held before.
+    let mut listed: Vec<(Option<Arc<K>>, K)> = Vec::new();
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return,
             next = stream.next() => next,
         };
-        match next {
-            Some(Ok(event)) => {
-                on_event(&event);
+        let event = match next {
+            Some(Ok(event)) => event,
+            Some(Err(error)) => {
+                tracing::warn!(%error, "watch failed; retrying with backoff");
+                continue;
+            }
+            None => return,
+        };
+        match &event {
+            watcher::Event::Apply(obj) => {
+                let old = store.get(&ObjectRef::from_obj(obj));
+                writer.apply_watcher_event(&event);
+                on_change(Change::Applied {
+                    old,
+                    new: obj.clone(),
+                });
+            }
+            watcher::Event::Delete(obj) => {
+                writer.apply_watcher_event(&event);
+                on_change(Change::Deleted(obj.clone()));
+            }
+            watcher::Event::Init => {
+                listed.clear();
                 writer.apply_watcher_event(&event);
             }
-            Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with backoff"),
-            None => return,
+            watcher::Event::InitApply(obj) => {
+                listed.push((store.get(&ObjectRef::from_obj(obj)), obj.clone()));
+                writer.apply_watcher_event(&event);
+            }
+            watcher::Event::InitDone => {
+                let before = store.state();
+                writer.apply_watcher_event(&event);
+                let present: std::collections::HashSet<ObjectRef<K>> = listed
+                    .iter()
+                    .map(|(_, new)| ObjectRef::from_obj(new))
+                    .collect();
+                for (old, new) in listed.drain(..) {
+                    on_change(Change::Applied { old, new });
+                }
+                for gone in before
+                    .iter()
+                    .filter(|o| !present.contains(&ObjectRef::from_obj(&***o)))
+                {
+                    on_change(Change::Deleted((**gone).clone()));
+                }
+            }
         }
     }
 }

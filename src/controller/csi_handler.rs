@@ -192,7 +192,13 @@ impl CsiHandler {
         match self.csi_attach(va).await {
             Ok(context) => {
                 let context: BTreeMap<String, String> = context.into_iter().collect();
-                let patch = attachment::attached_status_patch(va, &context);
+                let mut patch = attachment::attached_status_patch(va, &context);
+                // The cached copy may not show an attach error we saved on an
+                // earlier try yet; clear it in any case (external-attacher's
+                // result: no attachError on an attached VA).
+                if let Some(status) = patch.get_mut("status").and_then(|s| s.as_object_mut()) {
+                    status.insert("attachError".to_string(), serde_json::Value::Null);
+                }
                 if patch.as_object().is_some_and(|o| !o.is_empty()) {
                     self.writer
                         .merge_va_status(&name, &patch)

@@ -187,11 +187,7 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// Set while attacher-hub is known (and reported) to repeat a successful
 /// ControllerPublishVolume on some attaches: such repeats are then listed as
 /// known differences instead of failing the test. `None`: they fail it.
-pub(crate) const KNOWN_DUPLICATE_PUBLISH: Option<&str> = Some(
-    "reported to the attach owner: attacher-hub at 0d7ac43+ still publishes twice on some attaches \
-     ('already marked attached; waiting for the watch to catch up', then a second \
-     ControllerPublishVolume ~70 ms later); set to None once fixed",
-);
+pub(crate) const KNOWN_DUPLICATE_PUBLISH: Option<&str> = None;
 
 /// The whole table.
 pub(crate) fn table() -> Vec<Batch> {
