@@ -358,7 +358,7 @@ async fn many_drivers_memory(cluster: &Cluster, which: Impl, k: usize) -> (f64, 
 
 async fn fill_cache(client: &Client, cache: usize) -> String {
     let run = support::unique_name("cache");
-    let driver = format!("{run}.unserved.test");
+    let driver = support::unique_driver_name("unserved");
     stream::iter(0..cache)
         .for_each_concurrent(CONCURRENCY, |i| {
             let client = client.clone();
@@ -437,6 +437,7 @@ async fn go_external_attacher_versus_attacher_hub() {
         ratio(go.patches, hub.patches),
     ));
 
+    println!("\n{report}");
     let client = cluster.client().await;
     let run = fill_cache(&client, cache).await;
     let (go_rss, go_procs) = many_drivers_memory(cluster, Impl::Go, k).await;

@@ -153,7 +153,7 @@ async fn five_drivers_in_one_process_attach_and_detach_250_vas() {
     for d in &drivers {
         assert_eq!(d["leaderElection"], false);
         assert_eq!(d["discovered"], false);
-        assert_eq!(d["capabilities"]["publish_unpublish"], true, "{d}");
+        assert_eq!(d["capabilities"]["publishUnpublish"], true, "{d}");
         assert!(d["lastError"].is_null(), "no error yet: {d}");
     }
     let (ready, body) = hub.get("/readyz").await;

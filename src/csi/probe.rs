@@ -27,6 +27,7 @@ pub enum Error {
 
 /// What a driver can do, as far as an attacher cares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Capabilities {
     /// Plugin capability CONTROLLER_SERVICE.
     pub controller_service: bool,
