@@ -14,7 +14,7 @@ CLUSTER_DIR ?= .work/cluster
 .PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench
 
 demo:
-	@scripts/demo.sh $(CLUSTER_DIR)
+	@scripts/demo.sh --cluster-dir $(CLUSTER_DIR) $(DEMO_ARGS)
 
 test:
 	@MAKE="$(MAKE)" scripts/test.sh $(CLUSTER_DIR)
