@@ -158,10 +158,13 @@ fn alert_signal(expr: &str) -> String {
 }
 
 /// Holds once `status.attachError` is set.
-fn has_attach_error() -> impl Condition<VolumeAttachment> {
+/// An attach error from the driver itself (a gRPC code is recorded), not one
+/// from an object that is not in the cache yet.
+fn has_csi_attach_error() -> impl Condition<VolumeAttachment> {
     |va: Option<&VolumeAttachment>| {
         va.and_then(|va| va.status.as_ref())
-            .is_some_and(|s| s.attach_error.is_some())
+            .and_then(|s| s.attach_error.as_ref())
+            .is_some_and(|e| e.error_code.is_some())
     }
 }
 
@@ -233,9 +236,15 @@ async fn exercise(cluster: &Cluster, served: &Served) {
                 Fault::code(tonic::Code::Unavailable),
             );
             create_va(&client, &va, &served.driver, &node, &pv).await;
-            wait_for(&vas, &va, "attachError", has_attach_error(), WAIT_TIMEOUT)
-                .await
-                .unwrap();
+            wait_for(
+                &vas,
+                &va,
+                "attachError with a gRPC code",
+                has_csi_attach_error(),
+                WAIT_TIMEOUT,
+            )
+            .await
+            .unwrap();
             served.mock.clear_faults();
         } else {
             create_va(&client, &va, &served.driver, &node, &pv).await;
@@ -373,6 +382,10 @@ async fn dashboard_and_alert_queries_return_series_for_every_driver() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+
+    // rate() needs two samples of a series inside its window: let a few
+    // more scrapes land after the last change.
+    tokio::time::sleep(Duration::from_secs(4)).await;
 
     // Every dashboard query, for each driver.
     let dashboard: Value = serde_json::from_str(
