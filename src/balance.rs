@@ -198,7 +198,13 @@ impl Presence {
     pub async fn round(&self, balance: &Balance, drivers: usize) -> kube::Result<usize> {
         self.renew().await?;
         let replicas = self.replicas().await?;
-        let share = fair_share(drivers, replicas);
+        // No drivers (yet): nothing to share, and a share of 0 must not
+        // block the first ones that appear.
+        let share = if drivers == 0 {
+            usize::MAX
+        } else {
+            fair_share(drivers, replicas)
+        };
         if share != balance.share() {
             tracing::info!(replicas, drivers, share, "leadership share changed");
         }

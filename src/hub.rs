@@ -831,12 +831,13 @@ async fn balance_leases(shared: Arc<Shared>, config: BalanceConfig, stop: Cancel
             () = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        // Drivers this replica could lead: ready, with leader election.
+        // Drivers with a Lease: every replica has the same list, so the
+        // share is computed over all of them, ready here or not (counting
+        // only the ready ones would give a share of 0 while drivers start).
         let slots = shared.registry.slots();
         let candidates: Vec<_> = slots
             .iter()
             .filter(|d| d.settings().leader_election.is_some())
-            .filter(|d| matches!(d.state(), State::Standby | State::Leading))
             .collect();
         if let Err(error) = presence.round(&shared.balance, candidates.len()).await {
             tracing::warn!(%error, "renewing replica presence failed");
