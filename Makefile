@@ -1,7 +1,7 @@
 # Entry points for humans and CI. Recipes stay thin: the logic lives in
 # scripts/ and tools/testbins/build.sh.
 #
-#   make demo          start the control plane and two mock CSI drivers
+#   make demo          local demo: control plane, three CSI drivers, attacher-hub attaching their volumes
 #   make test          fmt check, clippy -D warnings, unit + integration tests, csi-sanity
 #   make testbins      build or reuse the Go test tools (last line: their directory)
 #   make cluster-up    start etcd + kube-apiserver (last line: admin kubeconfig path)
