@@ -119,10 +119,10 @@ pub struct CsiHandler {
     config: Config,
     /// VAs the reconciler found out of sync; consumed by the next sync.
     force_sync: Mutex<HashSet<String>>,
-    /// VA name → UID of VAs we marked attached whose echo has not reached the
-    /// cache yet; stops a second ControllerPublish caused by our own writes
-    /// (spec 3.12).
-    attached: Mutex<HashMap<String, String>>,
+    /// VA name → (UID, resourceVersion written by our `attached: true`
+    /// status patch). While the cache holds an older copy of that VA, its
+    /// sync waits for the echo instead of publishing again (spec 3.12).
+    attached: Mutex<HashMap<String, (String, String)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -155,20 +155,41 @@ impl CsiHandler {
         }
     }
 
-    /// Forgets per-VA memory of a VA that is gone or changed by someone else.
-    pub fn observe_va(&self, va: &VolumeAttachment) {
-        let name = va.metadata.name.as_deref().unwrap_or_default();
-        let settled = va.status.as_ref().is_some_and(|s| s.attached)
-            || va.metadata.deletion_timestamp.is_some();
-        if settled {
-            lock(&self.attached).remove(name);
-        }
-    }
+    /// Lets the handler look at a changed VA (nothing to do today; the
+    /// memory of our own writes is judged by resourceVersion on each sync).
+    pub fn observe_va(&self, _va: &VolumeAttachment) {}
 
     /// Drops per-VA memory of a deleted VA.
     pub fn va_deleted(&self, name: &str) {
         lock(&self.attached).remove(name);
         lock(&self.force_sync).remove(name);
+    }
+
+    /// Whether `va` is a cached copy older than our own `attached: true`
+    /// write: its sync must wait for the echo, not publish again. Once the
+    /// cache has caught up the memory is dropped.
+    fn awaiting_echo(&self, va: &VolumeAttachment) -> bool {
+        let name = va.metadata.name.as_deref().unwrap_or_default();
+        let mut attached = lock(&self.attached);
+        let Some((uid, written)) = attached.get(name) else {
+            return false;
+        };
+        if va.metadata.uid.as_ref() != Some(uid) {
+            // A new VA with the same name.
+            attached.remove(name);
+            return false;
+        }
+        let cached = va.metadata.resource_version.as_deref().unwrap_or_default();
+        match compare_resource_versions(cached, written) {
+            Some(std::cmp::Ordering::Less) => true,
+            Some(_) => {
+                attached.remove(name);
+                false
+            }
+            // Not comparable (not an etcd-backed server): the copy is stale
+            // unless it is the one we wrote.
+            None => cached != written.as_str(),
+        }
     }
 
     fn take_force_sync(&self, name: &str) -> bool {
@@ -183,8 +204,7 @@ impl CsiHandler {
             if va.status.as_ref().is_some_and(|s| s.attached) {
                 return Ok(());
             }
-            let uid = va.metadata.uid.clone().unwrap_or_default();
-            if lock(&self.attached).get(&name) == Some(&uid) {
+            if self.awaiting_echo(va) {
                 tracing::debug!("already marked attached; waiting for the watch to catch up");
                 return Ok(());
             }
@@ -199,13 +219,14 @@ impl CsiHandler {
                 if let Some(status) = patch.get_mut("status").and_then(|s| s.as_object_mut()) {
                     status.insert("attachError".to_string(), serde_json::Value::Null);
                 }
-                if patch.as_object().is_some_and(|o| !o.is_empty()) {
-                    self.writer
-                        .merge_va_status(&name, &patch)
-                        .await
-                        .map_err(|e| Error::MarkAttached(k8s::error_text(&e)))?;
-                }
-                lock(&self.attached).insert(name, va.metadata.uid.clone().unwrap_or_default());
+                let written = self
+                    .writer
+                    .merge_va_status(&name, &patch)
+                    .await
+                    .map_err(|e| Error::MarkAttached(k8s::error_text(&e)))?;
+                let uid = va.metadata.uid.clone().unwrap_or_default();
+                let rv = written.metadata.resource_version.unwrap_or_default();
+                lock(&self.attached).insert(name, (uid, rv));
                 tracing::info!("attached");
                 Ok(())
             }
@@ -464,6 +485,19 @@ impl CsiHandler {
     }
 }
 
+/// Orders two resourceVersions of one object from one API server, as
+/// apimachinery's `CompareResourceVersion` (Kubernetes 1.33+) does: they are
+/// decimal integers, compared by length, then digit by digit. `None` when
+/// either is not such a number.
+fn compare_resource_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    let valid =
+        |v: &str| !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) && !v.starts_with('0');
+    if !valid(a) || !valid(b) {
+        return None;
+    }
+    Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+}
+
 /// csi-translation-lib's `RepairVolumeHandle` as the reconciler uses it for
 /// migrated and inline volumes: `None` (skip the VA) for drivers that are not
 /// migration targets; GCE PD fills an `UNSPECIFIED` project (and zone) from
@@ -513,6 +547,17 @@ fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Option<Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resource_versions_compare_as_numbers() {
+        use std::cmp::Ordering::*;
+        assert_eq!(compare_resource_versions("99", "100"), Some(Less));
+        assert_eq!(compare_resource_versions("100", "100"), Some(Equal));
+        assert_eq!(compare_resource_versions("1000", "999"), Some(Greater));
+        assert_eq!(compare_resource_versions("abc", "100"), None);
+        assert_eq!(compare_resource_versions("", "100"), None);
+        assert_eq!(compare_resource_versions("0100", "100"), None);
+    }
 
     #[test]
     fn gce_pd_handles_get_project_and_zone_from_the_node() {
