@@ -718,9 +718,19 @@ impl Driver {
                 waited,
             );
             let started = Instant::now();
-            match pool {
-                Pool::Va(kind) => self.process_va(&shared, &handler, kind, &key).await,
-                Pool::Pv => self.process_pv(&shared, &handler, &key).await,
+            let work = async {
+                match pool {
+                    Pool::Va(kind) => self.process_va(&shared, &handler, kind, &key).await,
+                    Pool::Pv => self.process_pv(&shared, &handler, &key).await,
+                }
+            };
+            if let Err(panic) = guarded(work).await {
+                // A bug, not bad input: keep the worker, retry the key later.
+                let driver = self.name().unwrap_or_default();
+                tracing::error!(key = %key, %panic, "a sync panicked; retrying the key with backoff");
+                shared.metrics.count_panic(&driver, pool.label());
+                write(&self.info).last_error = Some(format!("{key}: internal error: {panic}"));
+                queue.add_rate_limited(&key);
             }
             shared.metrics.observe_work(
                 self.name().as_deref().unwrap_or_default(),
@@ -815,6 +825,22 @@ impl Driver {
     }
 }
 
+/// Runs `fut`, turning a panic inside it into an error with the panic's
+/// message, so that a bug hit by one object or one driver stays there.
+pub async fn guarded<T>(fut: impl std::future::Future<Output = T>) -> Result<T, String> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(fut)
+        .catch_unwind()
+        .await
+        .map_err(|payload| {
+            payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".to_string())
+        })
+}
+
 /// How one election term ended.
 enum Term {
     /// The driver's life ends (stop, connection loss, failure).
@@ -893,5 +919,32 @@ impl Drop for KeyGuard<'_> {
         {
             map.remove(&self.key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_sync_becomes_an_error_with_its_message() {
+        let ok = guarded(async { 7 }).await;
+        assert_eq!(ok, Ok(7));
+        let failed = guarded(async {
+            let v: Vec<u8> = Vec::new();
+            if v.is_empty() {
+                panic!("bug for key {}", "va-1");
+            }
+            1
+        })
+        .await;
+        assert_eq!(failed, Err("bug for key va-1".to_string()));
+        let static_msg: Result<(), String> = guarded(async {
+            if ok.is_ok() {
+                panic!("static");
+            }
+        })
+        .await;
+        assert_eq!(static_msg, Err("static".to_string()));
     }
 }

@@ -789,10 +789,7 @@ impl Supervisor {
             let stop = CancellationToken::new();
             let span = tracing::info_span!("driver", socket = %settings.address);
             let task = tokio::spawn(
-                driver
-                    .clone()
-                    .run(self.shared.clone(), stop.clone())
-                    .instrument(span),
+                supervised(driver.clone(), self.shared.clone(), stop.clone()).instrument(span),
             );
             self.running.insert(
                 path,
@@ -858,4 +855,27 @@ async fn balance_leases(shared: Arc<Shared>, config: BalanceConfig, stop: Cancel
         }
     }
     presence.remove().await;
+}
+
+/// Runs a driver; a panic in it is logged and counted, and the driver is
+/// started again after a pause. The other drivers never notice.
+async fn supervised(driver: Arc<Driver>, shared: Arc<Shared>, stop: CancellationToken) {
+    const RESTART_AFTER_PANIC: Duration = Duration::from_secs(5);
+    loop {
+        match crate::driver::guarded(driver.clone().run(shared.clone(), stop.clone())).await {
+            Ok(()) => return,
+            Err(panic) => {
+                let name = driver.name().unwrap_or_default();
+                tracing::error!(driver = %name, %panic, "the driver's task panicked; restarting it");
+                shared.metrics.count_panic(&name, "driver");
+                if let Some(n) = driver.name() {
+                    shared.registry.unregister(&n, &driver);
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(RESTART_AFTER_PANIC) => {}
+                }
+            }
+        }
+    }
 }

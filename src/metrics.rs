@@ -190,6 +190,9 @@ pub struct HubMetrics {
     /// `attacher_hub_driver_up{driver_name}`: 1 when the driver is ready
     /// (standby or leading), else 0.
     pub driver_up: prometheus::GaugeVec,
+    /// `attacher_hub_task_panics_total{driver_name, task}`: panics caught in a
+    /// driver's sync (`attach`, `detach`, `pv`) or life (`driver`).
+    pub panics: prometheus::IntCounterVec,
     /// `attacher_hub_attach_duration_seconds{driver_name}`: VA creation to
     /// `attached=true` written by us.
     pub attach_e2e: HistogramVec,
@@ -266,6 +269,13 @@ impl HubMetrics {
                 ),
                 &["driver_name"],
             )?,
+            panics: IntCounterVec::new(
+                Opts::new(
+                    "attacher_hub_task_panics_total",
+                    "Panics caught in a driver's tasks; each one is a bug worth reporting",
+                ),
+                &["driver_name", "task"],
+            )?,
             attach_e2e: HistogramVec::new(
                 HistogramOpts::new(
                     "attacher_hub_attach_duration_seconds",
@@ -292,6 +302,7 @@ impl HubMetrics {
         registry.register(Box::new(this.queue_adds.clone()))?;
         registry.register(Box::new(this.leader.clone()))?;
         registry.register(Box::new(this.driver_up.clone()))?;
+        registry.register(Box::new(this.panics.clone()))?;
         registry.register(Box::new(this.attach_e2e.clone()))?;
         registry.register(Box::new(this.detach_e2e.clone()))?;
         Ok(this)
@@ -317,6 +328,11 @@ impl HubMetrics {
         self.queue_wait_duration
             .with_label_values(&[queue, driver])
             .observe(waited.as_secs_f64());
+    }
+
+    /// Counts one caught panic.
+    pub fn count_panic(&self, driver: &str, task: &str) {
+        self.panics.with_label_values(&[driver, task]).inc();
     }
 
     /// Counts one rate-limited re-add.
