@@ -273,6 +273,11 @@ impl http::Status for HubStatus {
     }
 
     fn ready(&self) -> Result<(), String> {
+        if !self.shared.stores.is_synced() {
+            return Err(
+                "the VolumeAttachment and PersistentVolume caches are not synced yet".into(),
+            );
+        }
         let not_ready: Vec<String> = self
             .shared
             .registry

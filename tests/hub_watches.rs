@@ -98,6 +98,15 @@ async fn watch_delta(cluster: &Cluster, client: &kube::Client, n: usize) -> BTre
             |ds| ds.len() == n && ds.iter().all(|d| state_of(d) == "leading"),
         )
         .await;
+        // Ready means the caches are synced: every watch is open by then.
+        let ready_since = Instant::now();
+        while hub.get("/readyz").await.0 != 200 {
+            assert!(
+                ready_since.elapsed() < Duration::from_secs(60),
+                "the hub did not become ready"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let during = stable_watches(client).await;
         hub.process.stop().await;
         let after = stable_watches(client).await;
