@@ -371,6 +371,21 @@ async fn final_errors_keep_the_grpc_code_in_the_message() {
     );
 }
 
+/// Capabilities detected again through the same client, once the driver
+/// behind the socket answers.
+async fn redetect(client: &DriverClient, what: &str) -> Capabilities {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(c) = csi::probe::capabilities(client).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the same client reaches {what} within 10 s"))
+}
+
 async fn wait_for_loss(conn: &Connection, seen: u64) {
     let mut losses = conn.losses();
     tokio::time::timeout(Duration::from_secs(10), losses.wait_for(|n| *n > seen))
@@ -402,16 +417,7 @@ async fn a_dropped_rust_mock_connection_is_noticed_and_capabilities_are_detected
         .serve(&path)
         .await
         .unwrap();
-    let caps = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Ok(c) = csi::probe::capabilities(&client).await {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the same client reaches the new driver");
+    let caps = redetect(&client, "the new driver").await;
     assert!(!caps.publish_readonly);
     assert!(caps.publish_unpublish);
 }
@@ -441,16 +447,7 @@ async fn a_dropped_go_mock_connection_is_noticed_and_capabilities_are_detected_a
         .wait_for_output("ready\n", 1, Duration::from_secs(20))
         .await
         .expect("restarted mock is ready");
-    let caps = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Ok(c) = csi::probe::capabilities(&client).await {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the same client reaches the restarted driver");
+    let caps = redetect(&client, "the restarted driver").await;
     assert!(!caps.publish_unpublish);
     assert!(caps.controller_service);
     drop(go);

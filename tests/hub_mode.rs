@@ -156,8 +156,7 @@ async fn five_drivers_in_one_process_attach_and_detach_250_vas() {
         assert_eq!(d["capabilities"]["publishUnpublish"], true, "{d}");
         assert!(d["lastError"].is_null(), "no error yet: {d}");
     }
-    let (ready, body) = hub.get("/readyz").await;
-    assert_eq!(ready, 200, "/readyz with five leading drivers: {body}");
+    hub.wait_ready("five leading drivers", STATE_TIMEOUT).await;
 
     let run = unique_name("run");
     let watch = AttachWatch::start(&client, &run).await;
@@ -1108,8 +1107,8 @@ async fn discovered_sockets_become_and_stop_being_drivers() {
         entry["lastError"].is_null(),
         "a node plugin is not an error: {entry}"
     );
-    let (ready, body) = hub.get("/readyz").await;
-    assert_eq!(ready, 200, "/readyz with a node plugin: {body}");
+    hub.wait_ready("a node plugin and a controller plugin", STATE_TIMEOUT)
+        .await;
     assert_eq!(
         hub.driver(&d1).await.map(|d| state_of(&d).to_string()),
         Some("leading".into())

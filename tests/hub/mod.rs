@@ -176,6 +176,23 @@ impl Hub {
             .unwrap_or_else(|e| panic!("GET {path} from the hub: {e}"))
     }
 
+    /// Waits until `/readyz` answers 200 (the caches are synced and every
+    /// driver is ready) and returns its body.
+    pub(crate) async fn wait_ready(&self, what: &str, timeout: Duration) -> String {
+        let started = Instant::now();
+        loop {
+            let (code, body) = self.get("/readyz").await;
+            if code == 200 {
+                return body;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "{what}: /readyz still {code} after {timeout:?}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The `/drivers` document.
     pub(crate) async fn drivers(&self) -> Vec<Value> {
         let (status, body) = self.get("/drivers").await;
