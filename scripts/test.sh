@@ -31,6 +31,9 @@ on_exit() {
 }
 trap on_exit EXIT
 
+# Debian packages the checks need (Prometheus, openssl, ...), when missing.
+"$repo_root/scripts/install-deps.sh"
+
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy" cargo clippy --all-targets -- -D warnings
 

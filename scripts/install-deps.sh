@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the checks need when they are missing, so
+# that `make test` works on a fresh machine: openssl (the control plane's
+# PKI), python3 (free ports, the demo's table), curl, util-linux (flock,
+# setsid, unshare), make, and prometheus (Prometheus and promtool for
+# tests/prometheus.rs). Go and Rust must already be there.
+set -euo pipefail
+
+missing=()
+need() { # command package
+  command -v "$1" >/dev/null 2>&1 || missing+=("$2")
+}
+need openssl openssl
+need python3 python3
+need curl curl
+need flock util-linux
+need setsid util-linux
+need unshare util-linux
+need make make
+need prometheus prometheus
+need promtool prometheus
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  # De-duplicate, keep order.
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++')
+  echo "install-deps: installing ${missing[*]}" >&2
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null 2>&1 || {
+      echo "install-deps: missing ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root" >&2
+      exit 1
+    }
+    sudo=sudo
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q >&2
+  $sudo apt-get install -y -q --no-install-recommends ca-certificates "${missing[@]}" >&2
+fi
+
+for tool in go cargo; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    echo "install-deps: $tool is required but not installed" >&2
+    exit 1
+  }
+done
