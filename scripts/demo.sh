@@ -35,6 +35,8 @@
 set -euo pipefail
 . "$(dirname "$0")/cluster-lib.sh"
 cd "$repo_root"
+# openssl, python3, curl, ... when missing (a fresh machine).
+"$repo_root/scripts/install-deps.sh" --no-prometheus
 
 until_attached=0 timeout=300 vas=5 nodes=3 cluster_arg= keep=0
 while [ $# -gt 0 ]; do

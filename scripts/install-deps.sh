@@ -3,8 +3,11 @@
 # that `make test` works on a fresh machine: openssl (the control plane's
 # PKI), python3 (free ports, the demo's table), curl, util-linux (flock,
 # setsid, unshare), make, and prometheus (Prometheus and promtool for
-# tests/prometheus.rs). Go and Rust must already be there.
+# tests/prometheus.rs; left out with --no-prometheus, as the demo needs
+# neither). Go and Rust must already be there.
 set -euo pipefail
+with_prometheus=1
+[ "${1:-}" = "--no-prometheus" ] && with_prometheus=0
 
 missing=()
 need() { # command package
@@ -17,8 +20,10 @@ need flock util-linux
 need setsid util-linux
 need unshare util-linux
 need make make
-need prometheus prometheus
-need promtool prometheus
+if [ "$with_prometheus" = 1 ]; then
+  need prometheus prometheus
+  need promtool prometheus
+fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
   # De-duplicate, keep order.
