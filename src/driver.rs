@@ -422,7 +422,7 @@ impl Driver {
         let span = tracing::info_span!("driver", driver = %name);
         tracing::info!(parent: &span, ?caps, "driver ready");
         self.clone()
-            .serve(shared, stop, &name, caps, client, &connection, losses)
+            .serve(shared, stop, &name, caps, client, losses)
             .instrument(span)
             .await
     }
@@ -430,7 +430,6 @@ impl Driver {
     /// Holds (or waits for) the Lease and runs the workers while leading.
     /// When the hub asks this replica to hand the driver over (leadership
     /// balancing), the Lease is vacated and the election starts again.
-    #[allow(clippy::too_many_arguments)]
     async fn serve(
         self: Arc<Self>,
         shared: &Arc<Shared>,
@@ -438,7 +437,6 @@ impl Driver {
         name: &str,
         caps: Capabilities,
         client: DriverClient,
-        _connection: &Connection,
         mut losses: tokio::sync::watch::Receiver<u64>,
     ) -> Outcome {
         let handler = Arc::new(self.build_handler(shared, name, caps, client));
