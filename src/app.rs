@@ -58,8 +58,8 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
         max_entries: _,          // in `defaults`
         default_fstype: _,       // in `defaults`
         reconcile_sync: _,       // in `defaults`
-        max_grpc_log_length: _,  // responses are logged at trace level only, never truncated
-        feature_gates: _,        // in `defaults`
+        max_grpc_log_length,
+        feature_gates: _, // in `defaults`
         kubeconfig,
         csi_address,
         leader_election,
@@ -153,6 +153,7 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
         drivers,
         source,
         balance,
+        max_grpc_log_length,
     })
 }
 

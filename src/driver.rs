@@ -373,7 +373,8 @@ impl Driver {
         };
         let mut losses = connection.losses();
         losses.mark_unchanged();
-        let mut client = DriverClient::new(&connection, CallMetrics::new(shared.csi_ops.clone()));
+        let mut client = DriverClient::new(&connection, CallMetrics::new(shared.csi_ops.clone()))
+            .with_max_log_length(shared.max_grpc_log_length);
 
         self.set_state(State::NotReady);
         let ready = tokio::select! {

@@ -87,6 +87,8 @@ pub struct Config {
     pub source: Source,
     /// Spread driver Leases across replicas (hub mode with leader election).
     pub balance: Option<BalanceConfig>,
+    /// `--max-grpc-log-length`: cap of logged CSI responses (`<= 0`: none).
+    pub max_grpc_log_length: i64,
 }
 
 /// Settings of leadership balancing.
@@ -211,6 +213,8 @@ pub struct Shared {
     pub leader_status: DashMap<String, leader::Status>,
     /// This replica's share of driver Leases.
     pub balance: Arc<Balance>,
+    /// Cap of logged CSI responses (`--max-grpc-log-length`).
+    pub max_grpc_log_length: i64,
 }
 
 impl std::fmt::Debug for Shared {
@@ -350,6 +354,7 @@ pub async fn run(
         drivers,
         source,
         balance,
+        max_grpc_log_length,
     } = config;
 
     let kube_cfg = kube_config(kubeconfig.as_ref()).await?;
@@ -388,6 +393,7 @@ pub async fn run(
         budget: Arc::new(Budget::new(kube_api_qps, kube_api_burst)),
         leader_status: DashMap::new(),
         balance: Arc::new(Balance::default()),
+        max_grpc_log_length,
     });
     if let Some(b) = balance {
         background.spawn(

@@ -41,6 +41,17 @@ pub mod method {
 /// (spec section 5); 64 MiB leaves ample room while still bounding memory.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
+/// `text` cut to `max` characters, with external-attacher's note appended.
+fn capped(text: String, max: Option<usize>) -> String {
+    match max {
+        Some(max) if text.chars().count() > max => {
+            let cut: String = text.chars().take(max).collect();
+            format!("{cut} [response body too large, log capped to {max} chars]")
+        }
+        _ => text,
+    }
+}
+
 /// The status of a call whose deadline passed, worded as grpc-go words it.
 fn deadline_exceeded() -> tonic::Status {
     tonic::Status::deadline_exceeded("context deadline exceeded")
@@ -157,6 +168,9 @@ pub struct DriverClient {
     identity: IdentityClient<Channel>,
     controller: ControllerClient<Channel>,
     metrics: CallMetrics,
+    /// Cap of a logged response, in characters (`--max-grpc-log-length`;
+    /// `None`: no cap).
+    max_log_length: Option<usize>,
 }
 
 impl DriverClient {
@@ -169,7 +183,15 @@ impl DriverClient {
             controller: ControllerClient::new(channel)
                 .max_decoding_message_size(MAX_RESPONSE_BYTES),
             metrics,
+            max_log_length: None,
         }
+    }
+
+    /// Caps logged responses at `chars` characters, as external-attacher's
+    /// `--max-grpc-log-length` does (`<= 0`: no cap).
+    pub fn with_max_log_length(mut self, chars: i64) -> Self {
+        self.max_log_length = usize::try_from(chars).ok().filter(|n| *n > 0);
+        self
     }
 
     /// The metric labels, to set the driver name once known.
@@ -187,6 +209,7 @@ impl DriverClient {
     ) -> Result<T, CallError>
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        T: std::fmt::Debug,
     {
         let started = Instant::now();
         let result = match tokio::time::timeout(timeout, fut).await {
@@ -206,6 +229,11 @@ impl DriverClient {
             Ok(Err(status)) => Err(status),
             Err(_) => Err(deadline_exceeded()),
         };
+        if let Ok(response) = &result
+            && tracing::enabled!(tracing::Level::TRACE)
+        {
+            tracing::trace!(method, response = %capped(format!("{response:?}"), self.max_log_length), "CSI call succeeded");
+        }
         let code = match &result {
             Ok(_) => "OK",
             Err(s) => status::go_code_name(s.code()),
@@ -425,5 +453,20 @@ impl DriverClient {
             }
             token = page.next_token;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capped;
+
+    #[test]
+    fn logged_responses_are_capped_as_external_attacher_caps_them() {
+        assert_eq!(capped("abcdef".into(), None), "abcdef");
+        assert_eq!(capped("abcdef".into(), Some(10)), "abcdef");
+        assert_eq!(
+            capped("abcdef".into(), Some(3)),
+            "abc [response body too large, log capped to 3 chars]"
+        );
     }
 }
