@@ -2,17 +2,27 @@
 //! many CSI drivers in one process.
 //!
 //! ```text
-//!   kube-apiserver ──watch VA/PV/CSINode──▶ router ──▶ per-driver queues ──▶ workers
-//!                                                          │                    │
-//!                                                   registry of drivers   ControllerPublish /
-//!                                                   (one Lease each)      ControllerUnpublish
-//!                                                                               │
-//!                                                                    driver Unix sockets (csi)
+//!                      one watch per kind                      per driver (hub::Registry)
+//!  kube-apiserver ──VA / PV / CSINode──▶ router ──route by──▶ ┌──────────────────────────────┐
+//!       ▲          (shared caches,      spec.attacher,        │ attach queue ─▶ attach pool  │
+//!       │           managedFields       PV finalizers         │ detach queue ─▶ detach pool  │──▶ CSI socket
+//!       │           stripped)                                 │ PV queue     ─▶ PV pool      │   (csi client)
+//!       │                                                     │ reconciler, Lease, budget    │
+//!       └──── PATCH VA / VA status / PV (k8s::Writer) ◀───────┴──────────────────────────────┘
 //! ```
 //!
-//! The crate is a library with a thin binary (`src/main.rs`). `csi` is the CSI
-//! client layer; `mock` is the project's own mock CSI driver, used by tests and
-//! benchmarks and shipped as the `mock-csi-driver` binary.
+//! Data flow: [`router`] keeps one watch per kind and routes each change,
+//! after the shared cache holds it, to the driver named by `spec.attacher`
+//! (VAs) or by the finalizers a PV carries. Each [`driver::Driver`] connects
+//! to its socket ([`csi`]), probes it, learns its name and capabilities,
+//! registers in the [`hub::Registry`], wins its Lease ([`leader`], spread
+//! across replicas by [`balance`]) and runs its workers over client-go style
+//! queues ([`queue`]). Workers call the [`controller`] handlers, whose
+//! decisions are pure functions in [`controller::attachment`]. Sidecar mode is
+//! the hub with one driver; [`app`] turns the command line ([`cli`], and
+//! [`config`] for `drivers.yaml`) into a running [`hub`]. [`http`] serves
+//! metrics ([`metrics`]), health, readiness and `/drivers`. [`mock`] is the
+//! project's mock CSI driver, shipped as the `mock-csi-driver` binary.
 
 pub mod app;
 pub mod balance;
