@@ -524,30 +524,7 @@ fn random_unit() -> f64 {
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The driver-name sanitizer of external-attacher (spec §3.2): every character outside
-/// `[a-zA-Z0-9-]` becomes `-`, and a trailing `-` gets an `X` appended.
-pub fn sanitize(name: &str) -> String {
-    let mut s: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    if s.ends_with('-') {
-        s.push('X');
-    }
-    s
-}
-
-/// The Lease name external-attacher uses for `driver`:
-/// `external-attacher-leader-<driver>`, sanitized as a whole.
-pub fn lease_name(driver: &str) -> String {
-    sanitize(&format!("external-attacher-leader-{driver}"))
-}
+pub use crate::controller::attachment::{lease_name, sanitize_driver_name as sanitize};
 
 /// The default identity: the host name (the pod name in a pod), sanitized like a driver name,
 /// as external-attacher does.
