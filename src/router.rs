@@ -208,8 +208,8 @@ enum Change<K> {
     Applied {
         /// The previous copy, if any.
         old: Option<Arc<K>>,
-        /// The object now.
-        new: K,
+        /// The object now (the cache's own copy).
+        new: Arc<K>,
     },
     /// Gone (including objects found missing when a watch is re-listed).
     Deleted(K),
@@ -240,8 +240,12 @@ async fn run_watch<K, F>(
     let mut stream: std::pin::Pin<
         Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
     > = Box::pin(stream);
-    // Objects of a list in progress, with the copy the store held before.
-    let mut listed: Vec<(Option<Arc<K>>, K)> = Vec::new();
+    // Objects of a re-list in progress (keys only), with the copy the store
+    // held before. The first list is not tracked: nothing acts before the
+    // caches are synced, and then every driver starts from the full cache.
+    let mut listed: Vec<(ObjectRef<K>, Option<Arc<K>>)> = Vec::new();
+    let mut relisting = false;
+    let mut listed_once = false;
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -257,12 +261,12 @@ async fn run_watch<K, F>(
         };
         match &event {
             watcher::Event::Apply(obj) => {
-                let old = store.get(&ObjectRef::from_obj(obj));
+                let key = ObjectRef::from_obj(obj);
+                let old = store.get(&key);
                 writer.apply_watcher_event(&event);
-                on_change(Change::Applied {
-                    old,
-                    new: obj.clone(),
-                });
+                if let Some(new) = store.get(&key) {
+                    on_change(Change::Applied { old, new });
+                }
             }
             watcher::Event::Delete(obj) => {
                 writer.apply_watcher_event(&event);
@@ -270,27 +274,37 @@ async fn run_watch<K, F>(
             }
             watcher::Event::Init => {
                 listed.clear();
+                // Only a list after the first one (the watch restarted)
+                // replaces a cache that drivers already act on.
+                relisting = listed_once;
                 writer.apply_watcher_event(&event);
             }
             watcher::Event::InitApply(obj) => {
-                listed.push((store.get(&ObjectRef::from_obj(obj)), obj.clone()));
+                if relisting {
+                    let key = ObjectRef::from_obj(obj);
+                    let old = store.get(&key);
+                    listed.push((key, old));
+                }
                 writer.apply_watcher_event(&event);
             }
             watcher::Event::InitDone => {
-                let before = store.state();
+                listed_once = true;
+                let before = relisting.then(|| store.state());
                 writer.apply_watcher_event(&event);
-                let present: std::collections::HashSet<ObjectRef<K>> = listed
-                    .iter()
-                    .map(|(_, new)| ObjectRef::from_obj(new))
+                let Some(before) = before else { continue };
+                let present: std::collections::HashSet<&ObjectRef<K>> =
+                    listed.iter().map(|(key, _)| key).collect();
+                let gone: Vec<Arc<K>> = before
+                    .into_iter()
+                    .filter(|o| !present.contains(&ObjectRef::from_obj(&**o)))
                     .collect();
-                for (old, new) in listed.drain(..) {
-                    on_change(Change::Applied { old, new });
+                for (key, old) in listed.drain(..) {
+                    if let Some(new) = store.get(&key) {
+                        on_change(Change::Applied { old, new });
+                    }
                 }
-                for gone in before
-                    .iter()
-                    .filter(|o| !present.contains(&ObjectRef::from_obj(&***o)))
-                {
-                    on_change(Change::Deleted((**gone).clone()));
+                for obj in gone {
+                    on_change(Change::Deleted((*obj).clone()));
                 }
             }
         }
