@@ -216,11 +216,10 @@ enum Change<K> {
 }
 
 /// Drives one watch into its store and reports each change once the store
-/// has applied it. Objects of a re-list are reported when the whole list has
-/// replaced the store; objects missing from it are reported deleted.
+/// has applied it (see [`Mirror`]).
 async fn run_watch<K, F>(
     api: Api<K>,
-    mut writer: reflector::store::Writer<K>,
+    writer: reflector::store::Writer<K>,
     store: Store<K>,
     on_change: F,
     shutdown: CancellationToken,
@@ -240,66 +239,90 @@ async fn run_watch<K, F>(
     let mut stream: std::pin::Pin<
         Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
     > = Box::pin(stream);
-    // Objects of a re-list in progress (keys only), with the copy the store
-    // held before. The first list is not tracked: nothing acts before the
-    // caches are synced, and then every driver starts from the full cache.
-    let mut listed: Vec<(ObjectRef<K>, Option<Arc<K>>)> = Vec::new();
-    let mut relisting = false;
-    let mut listed_once = false;
+    let mut mirror = Mirror::new(writer, store);
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return,
             next = stream.next() => next,
         };
-        let event = match next {
-            Some(Ok(event)) => event,
-            Some(Err(error)) => {
-                tracing::warn!(%error, "watch failed; retrying with backoff");
-                continue;
-            }
+        match next {
+            Some(Ok(event)) => mirror.apply(&event, &on_change),
+            Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with backoff"),
             None => return,
-        };
-        match &event {
+        }
+    }
+}
+
+/// A store kept in step with a watch, reporting what changed.
+///
+/// Changes are reported after the store applied them. Objects of a re-list
+/// (the watch restarted) are reported once the whole list has replaced the
+/// store, and objects missing from it as deleted: a deletion that happened
+/// while the watch was down is not lost. The first list is not reported:
+/// nothing acts before the caches are synced, and then every driver starts
+/// from the full cache.
+struct Mirror<K: Resource<DynamicType = ()> + Clone + 'static> {
+    writer: reflector::store::Writer<K>,
+    store: Store<K>,
+    /// Keys of a re-list in progress, with the copy the store held before.
+    listed: Vec<(ObjectRef<K>, Option<Arc<K>>)>,
+    /// The list in progress replaces a store that drivers already act on.
+    relisting: bool,
+    /// A first list has completed.
+    listed_once: bool,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Mirror<K> {
+    fn new(writer: reflector::store::Writer<K>, store: Store<K>) -> Self {
+        Self {
+            writer,
+            store,
+            listed: Vec::new(),
+            relisting: false,
+            listed_once: false,
+        }
+    }
+
+    fn apply(&mut self, event: &watcher::Event<K>, on_change: impl Fn(Change<K>)) {
+        match event {
             watcher::Event::Apply(obj) => {
                 let key = ObjectRef::from_obj(obj);
-                let old = store.get(&key);
-                writer.apply_watcher_event(&event);
-                if let Some(new) = store.get(&key) {
+                let old = self.store.get(&key);
+                self.writer.apply_watcher_event(event);
+                if let Some(new) = self.store.get(&key) {
                     on_change(Change::Applied { old, new });
                 }
             }
             watcher::Event::Delete(obj) => {
-                writer.apply_watcher_event(&event);
+                self.writer.apply_watcher_event(event);
                 on_change(Change::Deleted(obj.clone()));
             }
             watcher::Event::Init => {
-                listed.clear();
-                // Only a list after the first one (the watch restarted)
-                // replaces a cache that drivers already act on.
-                relisting = listed_once;
-                writer.apply_watcher_event(&event);
+                self.listed.clear();
+                self.relisting = self.listed_once;
+                self.writer.apply_watcher_event(event);
             }
             watcher::Event::InitApply(obj) => {
-                if relisting {
+                if self.relisting {
                     let key = ObjectRef::from_obj(obj);
-                    let old = store.get(&key);
-                    listed.push((key, old));
+                    let old = self.store.get(&key);
+                    self.listed.push((key, old));
                 }
-                writer.apply_watcher_event(&event);
+                self.writer.apply_watcher_event(event);
             }
             watcher::Event::InitDone => {
-                listed_once = true;
-                let before = relisting.then(|| store.state());
-                writer.apply_watcher_event(&event);
-                let Some(before) = before else { continue };
+                self.listed_once = true;
+                let before = self.relisting.then(|| self.store.state());
+                self.writer.apply_watcher_event(event);
+                let Some(before) = before else { return };
                 let present: std::collections::HashSet<&ObjectRef<K>> =
-                    listed.iter().map(|(key, _)| key).collect();
+                    self.listed.iter().map(|(key, _)| key).collect();
                 let gone: Vec<Arc<K>> = before
                     .into_iter()
                     .filter(|o| !present.contains(&ObjectRef::from_obj(&**o)))
                     .collect();
-                for (key, old) in listed.drain(..) {
-                    if let Some(new) = store.get(&key) {
+                for (key, old) in self.listed.drain(..) {
+                    if let Some(new) = self.store.get(&key) {
                         on_change(Change::Applied { old, new });
                     }
                 }
@@ -308,5 +331,101 @@ async fn run_watch<K, F>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn pv(name: &str, rv: &str) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                ..ObjectMeta::default()
+            },
+            ..PersistentVolume::default()
+        }
+    }
+
+    /// What a change says, as (kind, name, old rv, new rv).
+    fn describe(c: &Change<PersistentVolume>) -> (String, String, String, String) {
+        let rv = |p: &PersistentVolume| p.metadata.resource_version.clone().unwrap_or_default();
+        let name = |p: &PersistentVolume| p.metadata.name.clone().unwrap_or_default();
+        match c {
+            Change::Applied { old, new } => (
+                "applied".into(),
+                name(new),
+                old.as_deref().map(rv).unwrap_or_default(),
+                rv(new),
+            ),
+            Change::Deleted(o) => ("deleted".into(), name(o), rv(o), String::new()),
+        }
+    }
+
+    #[test]
+    fn changes_are_reported_after_the_store_holds_them_and_relists_report_missed_deletions() {
+        let (store, writer) = reflector::store::<PersistentVolume>();
+        let mut mirror = Mirror::new(writer, store.clone());
+        let seen: RefCell<Vec<(String, String, String, String)>> = RefCell::new(Vec::new());
+        let probe = store.clone();
+        let record = |c: Change<PersistentVolume>| {
+            // The store already holds what is reported.
+            if let Change::Applied { new, .. } = &c {
+                let now = probe
+                    .get(&ObjectRef::from_obj(&**new))
+                    .expect("in the store");
+                assert_eq!(now.metadata.resource_version, new.metadata.resource_version);
+            }
+            seen.borrow_mut().push(describe(&c));
+        };
+
+        // The first list fills the store and reports nothing.
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pv("a", "1")),
+            watcher::Event::InitApply(pv("b", "2")),
+            watcher::Event::InitDone,
+        ] {
+            mirror.apply(&e, record);
+        }
+        assert!(seen.borrow().is_empty());
+        assert_eq!(store.len(), 2);
+
+        // Live events are reported with the previous copy.
+        mirror.apply(&watcher::Event::Apply(pv("a", "3")), record);
+        mirror.apply(&watcher::Event::Apply(pv("c", "4")), record);
+        assert_eq!(
+            seen.borrow_mut().drain(..).collect::<Vec<_>>(),
+            vec![
+                ("applied".into(), "a".into(), "1".into(), "3".into()),
+                ("applied".into(), "c".into(), String::new(), "4".into()),
+            ]
+        );
+
+        // The watch restarts: b was deleted and a changed meanwhile.
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pv("a", "7")),
+            watcher::Event::InitApply(pv("c", "4")),
+            watcher::Event::InitDone,
+        ] {
+            mirror.apply(&e, record);
+        }
+        assert_eq!(
+            seen.borrow().clone(),
+            vec![
+                ("applied".into(), "a".into(), "3".into(), "7".into()),
+                ("applied".into(), "c".into(), "4".into(), "4".into()),
+                ("deleted".into(), "b".into(), "2".into(), String::new()),
+            ]
+        );
+        assert!(store.get(&ObjectRef::new("b")).is_none());
     }
 }
