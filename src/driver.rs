@@ -178,9 +178,12 @@ pub struct Driver {
 }
 
 fn read<T: Clone>(l: &RwLock<T>) -> T {
-    l.read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone()
+    peek(l, T::clone)
+}
+
+/// Reads one part of a locked value without cloning the rest.
+fn peek<T, R>(l: &RwLock<T>, f: impl FnOnce(&T) -> R) -> R {
+    f(&l.read().unwrap_or_else(std::sync::PoisonError::into_inner))
 }
 
 fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
@@ -220,12 +223,12 @@ impl Driver {
 
     /// The driver name, once it has told it.
     pub fn name(&self) -> Option<String> {
-        read(&self.info).name
+        peek(&self.info, |i| i.name.clone())
     }
 
     /// The current state.
     pub fn state(&self) -> State {
-        read(&self.info).state.unwrap_or(State::Connecting)
+        peek(&self.info, |i| i.state.clone()).unwrap_or(State::Connecting)
     }
 
     fn set_state(&self, state: State) {
@@ -705,17 +708,16 @@ impl Driver {
             () = shared.stores.wait_synced() => {}
         }
         let queue = self.queue(pool);
+        // Workers start after the driver registered its name; it does not
+        // change while they run.
+        let driver = self.name().unwrap_or_default();
         loop {
             let (key, waited) = tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
                 key = queue.get_timed() => match key { Some(k) => k, None => return },
             };
-            shared.metrics.observe_wait(
-                self.name().as_deref().unwrap_or_default(),
-                queue.name(),
-                waited,
-            );
+            shared.metrics.observe_wait(&driver, queue.name(), waited);
             let started = Instant::now();
             let work = async {
                 match pool {
@@ -725,17 +727,14 @@ impl Driver {
             };
             if let Err(panic) = guarded(work).await {
                 // A bug, not bad input: keep the worker, retry the key later.
-                let driver = self.name().unwrap_or_default();
                 tracing::error!(key = %key, %panic, "a sync panicked; retrying the key with backoff");
                 shared.metrics.count_panic(&driver, pool.label());
                 write(&self.info).last_error = Some(format!("{key}: internal error: {panic}"));
                 queue.add_rate_limited(&key);
             }
-            shared.metrics.observe_work(
-                self.name().as_deref().unwrap_or_default(),
-                queue.name(),
-                started.elapsed(),
-            );
+            shared
+                .metrics
+                .observe_work(&driver, queue.name(), started.elapsed());
             queue.done(&key);
         }
     }
