@@ -481,19 +481,30 @@ impl State {
         })
     }
 
+    /// The checks NodeStageVolume and NodePublishVolume share: volume ID,
+    /// path and capability present and valid; the volume, if it exists.
+    fn node_volume(
+        &mut self,
+        volume_id: &str,
+        (path_field, path): (&'static str, &str),
+        capability: Option<&proto::VolumeCapability>,
+    ) -> Result<&mut Volume> {
+        require(volume_id, "volume_id")?;
+        require(path, path_field)?;
+        let cap = capability.ok_or(Error::Missing("volume_capability"))?;
+        self.check_capability(cap)?;
+        self.volumes
+            .get_mut(volume_id)
+            .ok_or_else(|| Error::VolumeNotFound(volume_id.to_string()))
+    }
+
     /// NodeStageVolume: records the staging path.
     pub fn stage(&mut self, req: &proto::NodeStageVolumeRequest) -> Result<()> {
-        require(&req.volume_id, "volume_id")?;
-        require(&req.staging_target_path, "staging_target_path")?;
-        let cap = req
-            .volume_capability
-            .as_ref()
-            .ok_or(Error::Missing("volume_capability"))?;
-        self.check_capability(cap)?;
-        let v = self
-            .volumes
-            .get_mut(&req.volume_id)
-            .ok_or_else(|| Error::VolumeNotFound(req.volume_id.clone()))?;
+        let v = self.node_volume(
+            &req.volume_id,
+            ("staging_target_path", &req.staging_target_path),
+            req.volume_capability.as_ref(),
+        )?;
         v.staged.insert(req.staging_target_path.clone());
         Ok(())
     }
@@ -510,17 +521,11 @@ impl State {
 
     /// NodePublishVolume: checks the request and records the target path.
     pub fn node_publish(&mut self, req: &proto::NodePublishVolumeRequest) -> Result<()> {
-        require(&req.volume_id, "volume_id")?;
-        require(&req.target_path, "target_path")?;
-        let cap = req
-            .volume_capability
-            .as_ref()
-            .ok_or(Error::Missing("volume_capability"))?;
-        self.check_capability(cap)?;
-        let v = self
-            .volumes
-            .get_mut(&req.volume_id)
-            .ok_or_else(|| Error::VolumeNotFound(req.volume_id.clone()))?;
+        let v = self.node_volume(
+            &req.volume_id,
+            ("target_path", &req.target_path),
+            req.volume_capability.as_ref(),
+        )?;
         v.targets.insert(req.target_path.clone());
         Ok(())
     }
