@@ -36,6 +36,15 @@ fn address(path: &Path) -> Address {
         .expect("a temp path is a valid address")
 }
 
+/// Serves `mock` on a socket in a fresh temporary directory (removed when
+/// the returned guard drops).
+async fn serve(mock: MockDriver) -> (tempfile::TempDir, PathBuf, mock::MockHandle) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = socket_in(&dir);
+    let handle = mock.serve(&path).await.unwrap();
+    (dir, path, handle)
+}
+
 async fn client_for(path: &Path, registry: &Registry) -> (Connection, DriverClient) {
     let ops = CsiOperations::register(registry).expect("register metrics");
     let conn = Connection::connect(address(path), Some(CONNECT_LIMIT))
@@ -167,13 +176,8 @@ async fn capabilities_of_the_rust_mock_are_detected_for_each_combination() {
         ),
     ];
     for (label, mock_caps, expected) in cases {
-        let dir = tempfile::tempdir().unwrap();
-        let path = socket_in(&dir);
-        let _mock = MockDriver::new("caps.csi.test")
-            .capabilities(mock_caps)
-            .serve(&path)
-            .await
-            .unwrap();
+        let (_dir, path, _mock) =
+            serve(MockDriver::new("caps.csi.test").capabilities(mock_caps)).await;
         let (_conn, client) = client_for(&path, &Registry::new()).await;
         let caps = detect(&client).await;
         assert_eq!(caps, expected, "{label}");
@@ -224,13 +228,8 @@ async fn capabilities_of_the_go_mock_are_detected_with_and_without_attach() {
 
 #[tokio::test]
 async fn probe_waits_while_the_rust_mock_reports_not_ready() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let mock = MockDriver::new("slow.csi.test")
-        .not_ready_for(Duration::from_millis(2500))
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, mock) =
+        serve(MockDriver::new("slow.csi.test").not_ready_for(Duration::from_millis(2500))).await;
     let (_conn, client) = client_for(&path, &Registry::new()).await;
     let started = Instant::now();
     csi::probe::probe_until_ready(&client, Duration::from_secs(5))
@@ -247,13 +246,8 @@ async fn probe_waits_while_the_rust_mock_reports_not_ready() {
 
 #[tokio::test]
 async fn probe_waits_through_deadlines_and_continues_when_ready() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let mock = MockDriver::new("hung.csi.test")
-        .fault("Probe", Fault::hang())
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, mock) =
+        serve(MockDriver::new("hung.csi.test").fault("Probe", Fault::hang())).await;
     let (_conn, client) = client_for(&path, &Registry::new()).await;
     let probing = tokio::spawn(async move {
         csi::probe::probe_until_ready(&client, Duration::from_millis(200)).await
@@ -273,13 +267,9 @@ async fn probe_waits_through_deadlines_and_continues_when_ready() {
 
 #[tokio::test]
 async fn other_probe_errors_end_the_wait() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let _mock = MockDriver::new("bad.csi.test")
-        .fault("Probe", Fault::code(tonic::Code::Internal))
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, _mock) =
+        serve(MockDriver::new("bad.csi.test").fault("Probe", Fault::code(tonic::Code::Internal)))
+            .await;
     let (_conn, client) = client_for(&path, &Registry::new()).await;
     let err = csi::probe::probe_until_ready(&client, Duration::from_secs(1))
         .await
@@ -303,17 +293,11 @@ fn assert_deadline(err: &csi::CallError) {
 
 #[tokio::test]
 async fn a_publish_deadline_is_classified_as_may_be_in_progress_on_the_rust_mock() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let _mock = MockDriver::new("late.csi.test")
-        .volumes(1)
-        .fault(
-            "ControllerPublishVolume",
-            Fault::delay(Duration::from_secs(3)),
-        )
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, _mock) = serve(MockDriver::new("late.csi.test").volumes(1).fault(
+        "ControllerPublishVolume",
+        Fault::delay(Duration::from_secs(3)),
+    ))
+    .await;
     let (_conn, client) = client_for(&path, &Registry::new()).await;
     let started = Instant::now();
     let err = client
@@ -350,13 +334,7 @@ async fn a_publish_deadline_is_classified_as_may_be_in_progress_on_the_go_mock()
 
 #[tokio::test]
 async fn final_errors_keep_the_grpc_code_in_the_message() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let _mock = MockDriver::new("final.csi.test")
-        .volumes(1)
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, _mock) = serve(MockDriver::new("final.csi.test").volumes(1)).await;
     let (_conn, client) = client_for(&path, &Registry::new()).await;
     let err = client
         .publish(publish("no-such-volume", "node-1"), Duration::from_secs(5))
@@ -396,12 +374,7 @@ async fn wait_for_loss(conn: &Connection, seen: u64) {
 
 #[tokio::test]
 async fn a_dropped_rust_mock_connection_is_noticed_and_capabilities_are_detected_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let first = MockDriver::new("flaky.csi.test")
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, first) = serve(MockDriver::new("flaky.csi.test")).await;
     let (conn, client) = client_for(&path, &Registry::new()).await;
     assert!(detect(&client).await.publish_readonly);
 
@@ -472,13 +445,7 @@ fn count(text: &str, driver: &str, method: &str, code: &str) -> u64 {
 
 #[tokio::test]
 async fn every_call_leaves_one_sample_with_driver_method_and_code() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let _mock = MockDriver::new("metrics.csi.test")
-        .volumes(1)
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, _mock) = serve(MockDriver::new("metrics.csi.test").volumes(1)).await;
     let registry = Registry::new();
     let (_conn, mut client) = client_for(&path, &registry).await;
 
@@ -575,13 +542,7 @@ async fn every_call_leaves_one_sample_with_driver_method_and_code() {
 
 #[tokio::test]
 async fn migration_drivers_get_the_migrated_label() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let _mock = MockDriver::new("pd.csi.storage.gke.io")
-        .volumes(1)
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, _mock) = serve(MockDriver::new("pd.csi.storage.gke.io").volumes(1)).await;
     let registry = Registry::new();
     let (_conn, mut client) = client_for(&path, &registry).await;
     client
@@ -599,13 +560,7 @@ async fn migration_drivers_get_the_migrated_label() {
 
 #[tokio::test]
 async fn paginated_listing_collects_every_page() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let _mock = MockDriver::new("pages.csi.test")
-        .volumes(7)
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, _mock) = serve(MockDriver::new("pages.csi.test").volumes(7)).await;
     let (_conn, client) = client_for(&path, &Registry::new()).await;
     for (v, n) in [("vol-1", "a"), ("vol-1", "b"), ("vol-6", "c")] {
         let mut req = publish(v, n);
@@ -655,13 +610,7 @@ async fn secrets_never_appear_in_logs_debug_output_or_errors() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = socket_in(&dir);
-    let mock = MockDriver::new("secret.csi.test")
-        .volumes(1)
-        .serve(&path)
-        .await
-        .unwrap();
+    let (_dir, path, mock) = serve(MockDriver::new("secret.csi.test").volumes(1)).await;
     let (_conn, client) = client_for(&path, &Registry::new()).await;
     let secrets = || {
         Some(Secrets::new(
