@@ -63,8 +63,10 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
         kubeconfig,
         csi_address,
         leader_election,
-        kube_api_qps,
-        kube_api_burst,
+        kube_api_qps: _,       // in `defaults`
+        kube_api_burst: _,     // in `defaults`
+        hub_kube_api_qps: _,   // in `defaults`
+        hub_kube_api_burst: _, // in `defaults`
         http_endpoint,
         metrics_address,
         metrics_path,
@@ -92,17 +94,21 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
     } else {
         None
     };
-    let (drivers, source) = match config {
+    let (drivers, api_cap, source) = match config {
         // Hub mode: the file is read and checked before anything else starts.
         Some(path) => {
             let with_discovery = discovery.is_some();
-            let drivers = config::load(&path, &defaults, with_discovery)?;
+            let config::Config {
+                drivers,
+                hub_api_cap,
+            } = config::load(&path, &defaults, with_discovery)?;
             let d = defaults.clone();
             let load: hub::Loader = Arc::new(move |p: &std::path::Path| {
                 config::load(p, &d, with_discovery).map_err(|e| e.to_string())
             });
             (
                 drivers,
+                hub_api_cap,
                 hub::Source::File {
                     path,
                     load,
@@ -111,9 +117,10 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
             )
         }
         None => match discovery {
-            Some(d) => (Vec::new(), hub::Source::Discover(d)),
+            Some(d) => (Vec::new(), defaults.hub_api_cap(), hub::Source::Discover(d)),
             None => (
                 vec![defaults.settings_for(csi_address.parse::<Address>()?)],
+                defaults.hub_api_cap(),
                 hub::Source::Fixed,
             ),
         },
@@ -146,8 +153,7 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
 
     Ok(hub::Config {
         kubeconfig,
-        kube_api_qps,
-        kube_api_burst: u32::try_from(kube_api_burst.max(0)).unwrap_or(u32::MAX),
+        api_cap,
         resync,
         http,
         drivers,

@@ -77,10 +77,16 @@ pub struct Args {
     pub csi_address: String,
     /// Leader-election flags (`--leader-election*`).
     pub leader_election: LeaderElection,
-    /// `--kube-api-qps`: client-side QPS limit of each API client.
+    /// `--kube-api-qps`: client-side QPS limit of each driver's API requests, as each sidecar's
+    /// client had (client-go: 0 means 5, negative means no limit).
     pub kube_api_qps: f64,
-    /// `--kube-api-burst`: client-side burst of each API client.
+    /// `--kube-api-burst`: client-side burst of each driver's API requests (0 means 10).
     pub kube_api_burst: i64,
+    /// `--hub-kube-api-qps`: optional cap of the whole process's API request rate, shared fairly
+    /// by the drivers on top of their own budgets (0, the default: no cap).
+    pub hub_kube_api_qps: f64,
+    /// `--hub-kube-api-burst`: burst of that cap (0: twice the QPS).
+    pub hub_kube_api_burst: i64,
     /// `--http-endpoint`: address of the HTTP server for metrics and health (`None` = off).
     pub http_endpoint: Option<String>,
     /// `--metrics-address`: deprecated metrics-only address; never set together with
@@ -125,6 +131,8 @@ impl Default for Args {
             leader_election: LeaderElection::default(),
             kube_api_qps: 5.0,
             kube_api_burst: 10,
+            hub_kube_api_qps: 0.0,
+            hub_kube_api_burst: 0,
             http_endpoint: None,
             metrics_address: None,
             metrics_path: "/metrics".to_owned(),
@@ -279,6 +287,14 @@ pub enum Error {
     /// `--worker-threads=0`.
     #[error("Option -worker-threads must be greater than zero")]
     ZeroWorkerThreads,
+    /// A negative API burst or cap (client-go would fail every request with a negative burst).
+    #[error("--{flag} must not be negative, not {value}")]
+    NegativeApiLimit {
+        /// The flag name.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+    },
     /// A leader-election duration is zero (or was negative).
     #[error("--leader-election-{0} must be greater than zero")]
     LeaderElectionZero(&'static str),
@@ -553,11 +569,28 @@ impl State {
         if args.worker_threads == 0 {
             return Err(Error::ZeroWorkerThreads);
         }
+        validate_api_limits(&args)?;
         if args.leader_election.enabled {
             validate_leader_election(&args.leader_election)?;
         }
         Ok(Parsed::Run(Box::new(args), self.warnings))
     }
+}
+
+/// Refuses negative API bursts and caps: client-go accepts a negative burst and then fails every
+/// request, which no one wants; a negative QPS keeps client-go's meaning (no limit).
+fn validate_api_limits(args: &Args) -> Result<(), Error> {
+    let negative = |flag, value: String| Err(Error::NegativeApiLimit { flag, value });
+    if args.kube_api_burst < 0 {
+        return negative("kube-api-burst", args.kube_api_burst.to_string());
+    }
+    if args.hub_kube_api_qps < 0.0 {
+        return negative("hub-kube-api-qps", args.hub_kube_api_qps.to_string());
+    }
+    if args.hub_kube_api_burst < 0 {
+        return negative("hub-kube-api-burst", args.hub_kube_api_burst.to_string());
+    }
+    Ok(())
 }
 
 /// The checks client-go makes when the leader elector is built.
@@ -852,7 +885,7 @@ static FLAGS: &[Flag] = &[
         name: "kube-api-qps",
         kind: Kind::Value("float"),
         default: "5",
-        help: "Queries per second allowed to the Kubernetes API server, per client.",
+        help: "Queries per second allowed to the Kubernetes API server, per driver (each driver has the budget its sidecar had; 0 means 5, negative means no limit).",
         set: |s, v| {
             s.args.kube_api_qps = parse_go_float(v)?;
             Ok(())
@@ -862,9 +895,29 @@ static FLAGS: &[Flag] = &[
         name: "kube-api-burst",
         kind: Kind::Value("int"),
         default: "10",
-        help: "Burst of queries allowed to the Kubernetes API server, per client.",
+        help: "Burst of queries allowed to the Kubernetes API server, per driver (0 means 10).",
         set: |s, v| {
             s.args.kube_api_burst = parse_go_int(v, 64)?;
+            Ok(())
+        },
+    },
+    Flag {
+        name: "hub-kube-api-qps",
+        kind: Kind::Value("float"),
+        default: "0",
+        help: "Optional cap of the whole process's queries per second to the Kubernetes API server, on top of each driver's own budget; waiting drivers take turns. 0 means no cap.",
+        set: |s, v| {
+            s.args.hub_kube_api_qps = parse_go_float(v)?;
+            Ok(())
+        },
+    },
+    Flag {
+        name: "hub-kube-api-burst",
+        kind: Kind::Value("int"),
+        default: "0",
+        help: "Burst of the process-wide cap (0 means twice -hub-kube-api-qps).",
+        set: |s, v| {
+            s.args.hub_kube_api_burst = parse_go_int(v, 64)?;
             Ok(())
         },
     },
@@ -1921,6 +1974,34 @@ mod tests {
             e.to_string(),
             "Option -worker-threads must be greater than zero"
         );
+    }
+
+    #[test]
+    fn the_hub_cap_is_off_by_default_and_negative_limits_are_refused() {
+        let a = args(&[]);
+        assert_eq!((a.hub_kube_api_qps, a.hub_kube_api_burst), (0.0, 0));
+        let a = args(&["--hub-kube-api-qps=50", "--hub-kube-api-burst=100"]);
+        assert_eq!((a.hub_kube_api_qps, a.hub_kube_api_burst), (50.0, 100));
+        // A negative QPS keeps client-go's meaning: no limit.
+        assert_eq!(args(&["--kube-api-qps=-1"]).kube_api_qps, -1.0);
+        for (list, text) in [
+            (
+                &["--kube-api-burst=-1"][..],
+                "--kube-api-burst must not be negative, not -1",
+            ),
+            (
+                &["--hub-kube-api-qps=-2.5"][..],
+                "--hub-kube-api-qps must not be negative, not -2.5",
+            ),
+            (
+                &["--hub-kube-api-burst=-3"][..],
+                "--hub-kube-api-burst must not be negative, not -3",
+            ),
+        ] {
+            let e = err(list);
+            assert_eq!(e.exit_code(), 1, "{list:?}");
+            assert_eq!(e.to_string(), text);
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::{
 use serde::{Deserialize, Deserializer, de};
 
 use crate::{
+    budget::Limit,
     cli::{self, Args, DurationError, GoDuration},
     controller::attachment,
     csi::Address,
@@ -35,6 +36,19 @@ pub struct File {
     /// The drivers to serve; at least one unless discovery (`--driver-sockets`) is used.
     #[serde(default)]
     pub drivers: Vec<DriverEntry>,
+    /// `--hub-kube-api-qps`: the optional cap of the whole process's API request rate.
+    pub hub_kube_api_qps: Option<f64>,
+    /// `--hub-kube-api-burst`: burst of that cap.
+    pub hub_kube_api_burst: Option<i64>,
+}
+
+/// What a driver file configures, with the flags' defaults applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// One entry per driver, in file order.
+    pub drivers: Vec<Settings>,
+    /// The process-wide API cap ([`Limit::Unlimited`]: none).
+    pub hub_api_cap: Limit,
 }
 
 /// One entry of `drivers:`. Every field but `address` is optional; a missing field takes the
@@ -60,9 +74,10 @@ pub struct DriverEntry {
     pub max_entries: Option<i64>,
     /// `--default-fstype` (empty = leave the PV's fsType empty).
     pub default_fstype: Option<String>,
-    /// Requests per second of this driver's own API write budget, on top of the process-wide one.
+    /// `--kube-api-qps` for this driver: requests per second of its own API budget (negative:
+    /// no limit).
     pub kube_api_qps: Option<f64>,
-    /// Burst of this driver's own API write budget.
+    /// `--kube-api-burst` for this driver: burst of its own API budget.
     pub kube_api_burst: Option<i64>,
     /// `--leader-election*` for this driver.
     pub leader_election: Option<LeaderElection>,
@@ -217,6 +232,14 @@ pub enum Problem {
     /// Zero or negative where only positive values make sense.
     #[error("must be greater than zero, not {0}")]
     NotPositive(String),
+    /// Negative where zero means "off".
+    #[error("must not be negative, not {0}")]
+    Negative(String),
+    /// `kubeApiQps: 0`, which client-go would read as its default of 5.
+    #[error(
+        "must not be {0}: write the requests per second (the client-go default is 5), or a negative number for no limit"
+    )]
+    ZeroQps(String),
     /// A number outside the range the setting accepts.
     #[error("{value} is out of range {range}")]
     OutOfRange {
@@ -332,6 +355,7 @@ pub struct Defaults {
     default_fstype: String,
     kube_api_qps: f64,
     kube_api_burst: u32,
+    hub_api_cap: Limit,
     leader_election: cli::LeaderElection,
     identity: String,
     exit_on_connection_loss: bool,
@@ -357,7 +381,12 @@ impl Defaults {
             max_entries: i32::try_from(args.max_entries).unwrap_or(i32::MAX),
             default_fstype: args.default_fstype.clone().unwrap_or_default(),
             kube_api_qps: args.kube_api_qps,
+            // Negative bursts are refused by the flag check.
             kube_api_burst: u32::try_from(args.kube_api_burst.max(0)).unwrap_or(u32::MAX),
+            hub_api_cap: Limit::cap(
+                args.hub_kube_api_qps,
+                u32::try_from(args.hub_kube_api_burst.max(0)).unwrap_or(u32::MAX),
+            ),
             leader_election: args.leader_election.clone(),
             identity,
             exit_on_connection_loss: args.exit_on_connection_loss,
@@ -380,7 +409,7 @@ impl Defaults {
             reconcile_sync: self.reconcile_sync,
             max_entries: self.max_entries,
             default_fstype: self.default_fstype.clone(),
-            kube_api_budget: None,
+            api_budget: Limit::client_go(self.kube_api_qps, self.kube_api_burst),
             leader_election: le
                 .enabled
                 .then(|| self.leader_settings(le.namespace.as_deref())),
@@ -388,6 +417,11 @@ impl Defaults {
             save_error_code: self.save_error_code,
             drain_timeout: self.drain_timeout,
         }
+    }
+
+    /// The process-wide API cap the flags set.
+    pub fn hub_api_cap(&self) -> Limit {
+        self.hub_api_cap
     }
 
     fn leader_settings(&self, namespace: Option<&str>) -> LeaderSettings {
@@ -415,15 +449,52 @@ impl File {
     /// Checks every entry and applies `defaults` to what it leaves out. `discovery`: drivers
     /// also come from `--driver-sockets`, so an empty list is fine. Pure: the places of the
     /// problems are filled in by [`parse`].
-    pub fn validate(&self, defaults: &Defaults, discovery: bool) -> Result<Vec<Settings>, Invalid> {
+    pub fn validate(&self, defaults: &Defaults, discovery: bool) -> Result<Config, Invalid> {
         if self.drivers.is_empty() && !discovery {
             return Err(invalid("drivers", Problem::NoDrivers));
         }
-        self.drivers
+        let drivers = self
+            .drivers
             .iter()
             .enumerate()
             .map(|(i, entry)| entry.validate(&format!("drivers[{i}]"), defaults))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok(Config {
+            drivers,
+            hub_api_cap: self.hub_api_cap(defaults)?,
+        })
+    }
+
+    /// `hubKubeApiQps`/`hubKubeApiBurst`, each defaulting to its flag.
+    fn hub_api_cap(&self, defaults: &Defaults) -> Result<Limit, Invalid> {
+        if self.hub_kube_api_qps.is_none() && self.hub_kube_api_burst.is_none() {
+            return Ok(defaults.hub_api_cap);
+        }
+        let (flag_qps, flag_burst) = match defaults.hub_api_cap {
+            Limit::Unlimited => (0.0, 0),
+            Limit::Rate { qps, burst } => (qps, burst),
+        };
+        let qps = match self.hub_kube_api_qps {
+            None => flag_qps,
+            Some(q) if q.is_finite() && q >= 0.0 => q,
+            Some(q) => {
+                return Err(invalid("hubKubeApiQps", Problem::Negative(q.to_string())));
+            }
+        };
+        let burst = match self.hub_kube_api_burst {
+            None if self.hub_kube_api_qps.is_some() => 0,
+            None => flag_burst,
+            Some(b) => u32::try_from(b).map_err(|_| {
+                invalid(
+                    "hubKubeApiBurst",
+                    Problem::OutOfRange {
+                        value: b.to_string(),
+                        range: "0..=4294967295",
+                    },
+                )
+            })?,
+        };
+        Ok(Limit::cap(qps, burst))
     }
 }
 
@@ -507,15 +578,19 @@ impl DriverEntry {
             s.default_fstype = fstype.clone();
         }
         if self.kube_api_qps.is_some() || self.kube_api_burst.is_some() {
-            let qps = self.kube_api_qps.unwrap_or(defaults.kube_api_qps);
-            if !(qps.is_finite() && qps > 0.0) {
-                return Err(invalid(
-                    field("kubeApiQps"),
-                    Problem::NotPositive(qps.to_string()),
-                ));
-            }
+            let qps = match self.kube_api_qps {
+                None => defaults.kube_api_qps,
+                // 0 would silently mean client-go's default of 5: ask for what is meant.
+                Some(q) if q == 0.0 || q.is_nan() => {
+                    return Err(invalid(
+                        field("kubeApiQps"),
+                        Problem::ZeroQps(q.to_string()),
+                    ));
+                }
+                Some(q) => q,
+            };
             let burst = match self.kube_api_burst {
-                None => defaults.kube_api_burst.max(1),
+                None => defaults.kube_api_burst,
                 Some(b) if b <= 0 => {
                     return Err(invalid(
                         field("kubeApiBurst"),
@@ -532,7 +607,7 @@ impl DriverEntry {
                     )
                 })?,
             };
-            s.kube_api_budget = Some((qps, burst));
+            s.api_budget = Limit::client_go(qps, burst);
         }
         if let Some(le) = &self.leader_election {
             s.leader_election = leader_election(&field("leaderElection"), le, defaults)?;
@@ -689,7 +764,7 @@ fn check_unique(settings: &[Settings]) -> Result<(), (Invalid, usize)> {
 // === loading ===
 
 /// Reads, parses and validates the driver list at `path`. `discovery`: see [`File::validate`].
-pub fn load(path: &Path, defaults: &Defaults, discovery: bool) -> Result<Vec<Settings>> {
+pub fn load(path: &Path, defaults: &Defaults, discovery: bool) -> Result<Config> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
         path: path.to_owned(),
         source,
@@ -698,12 +773,7 @@ pub fn load(path: &Path, defaults: &Defaults, discovery: bool) -> Result<Vec<Set
 }
 
 /// Parses and validates a driver list; `file_label` names the file in errors.
-pub fn parse(
-    text: &str,
-    file_label: &str,
-    defaults: &Defaults,
-    discovery: bool,
-) -> Result<Vec<Settings>> {
+pub fn parse(text: &str, file_label: &str, defaults: &Defaults, discovery: bool) -> Result<Config> {
     let error = |(line, column): Pos, field: Option<String>, problem: Problem| Error::Invalid {
         file: file_label.to_owned(),
         line,
@@ -720,8 +790,8 @@ pub fn parse(
     })?;
     let place =
         |Invalid { field, problem }: Invalid| error(index.position(&field), Some(field), *problem);
-    let settings = file.validate(defaults, discovery).map_err(place)?;
-    check_unique(&settings).map_err(|(mut bad, other)| {
+    let config = file.validate(defaults, discovery).map_err(place)?;
+    check_unique(&config.drivers).map_err(|(mut bad, other)| {
         let other_line = index.position(&format!("drivers[{other}]")).0;
         match bad.problem.as_mut() {
             Problem::DuplicateAddress { other_line: l, .. }
@@ -731,7 +801,7 @@ pub fn parse(
         }
         place(bad)
     })?;
-    Ok(settings)
+    Ok(config)
 }
 
 /// A 1-based (line, column).
@@ -971,8 +1041,12 @@ mod tests {
     }
 
     fn parse_ok(text: &str) -> Vec<Settings> {
+        parse_config(text).drivers
+    }
+
+    fn parse_config(text: &str) -> Config {
         match parse(text, "drivers.yaml", &defaults(), false) {
-            Ok(s) => s,
+            Ok(c) => c,
             Err(e) => panic!("{text:?} should load, got: {e}"),
         }
     }
@@ -1031,7 +1105,7 @@ mod tests {
         assert_eq!(a.reconcile_sync, secs(120));
         assert_eq!(a.max_entries, 100);
         assert_eq!(a.default_fstype, "xfs");
-        assert_eq!(a.kube_api_budget, Some((2.5, 7)));
+        assert_eq!(a.api_budget, Limit::Rate { qps: 2.5, burst: 7 });
         let le = a.leader_election.as_ref().expect("leader election on");
         assert_eq!(le.namespace, "storage");
         assert_eq!(le.identity, "test-host");
@@ -1043,11 +1117,70 @@ mod tests {
         let b = &got[1];
         assert_eq!((b.attach_workers, b.detach_workers), (3, 3));
         // The burst a driver leaves out is the flag's.
-        assert_eq!(b.kube_api_budget, Some((1.0, 10)));
+        assert_eq!(
+            b.api_budget,
+            Limit::Rate {
+                qps: 1.0,
+                burst: 10
+            }
+        );
         let le = b.leader_election.as_ref().expect("leader election on");
         assert_eq!(
             (le.lease_duration, le.renew_deadline, le.retry_period),
             (secs(15), secs(10), secs(5))
+        );
+    }
+
+    #[test]
+    fn every_driver_has_its_own_budget_and_the_hub_cap_is_optional() {
+        let c = parse_config("drivers:\n- address: /a\n- address: /b\n  kubeApiQps: -1\n");
+        // Each driver gets what its sidecar had, not a share of one budget.
+        assert_eq!(c.drivers[0].api_budget, Limit::client_go(5.0, 10));
+        assert_eq!(c.drivers[1].api_budget, Limit::Unlimited);
+        assert_eq!(c.hub_api_cap, Limit::Unlimited);
+
+        let c = parse_config("hubKubeApiQps: 50\ndrivers:\n- address: /a\n");
+        assert_eq!(
+            c.hub_api_cap,
+            Limit::Rate {
+                qps: 50.0,
+                burst: 100
+            }
+        );
+        let c = parse_config("hubKubeApiQps: 50\nhubKubeApiBurst: 60\ndrivers:\n- address: /a\n");
+        assert_eq!(
+            c.hub_api_cap,
+            Limit::Rate {
+                qps: 50.0,
+                burst: 60
+            }
+        );
+        // The file's 0 turns off a cap the flags set.
+        let args = Args {
+            hub_kube_api_qps: 20.0,
+            hub_kube_api_burst: 30,
+            ..Args::default()
+        };
+        let d = Defaults::with_identity(&args, "h".to_owned());
+        let with_flags = |text: &str| parse(text, "f", &d, false).expect("valid").hub_api_cap;
+        assert_eq!(
+            with_flags("drivers:\n- address: /a\n"),
+            Limit::Rate {
+                qps: 20.0,
+                burst: 30
+            }
+        );
+        assert_eq!(
+            with_flags("hubKubeApiQps: 0\ndrivers:\n- address: /a\n"),
+            Limit::Unlimited
+        );
+        // Only the burst written: the flag's QPS with that burst.
+        assert_eq!(
+            with_flags("hubKubeApiBurst: 5\ndrivers:\n- address: /a\n"),
+            Limit::Rate {
+                qps: 20.0,
+                burst: 5
+            }
         );
     }
 
@@ -1057,7 +1190,7 @@ mod tests {
         args.leader_election.enabled = true;
         let d = Defaults::with_identity(&args, "h".to_owned());
         let text = "drivers:\n- address: /a\n- address: /b\n  leaderElection: false\n- address: /c\n  leaderElection: {enabled: false}\n";
-        let got = parse(text, "f", &d, false).expect("valid");
+        let got = parse(text, "f", &d, false).expect("valid").drivers;
         assert!(got[0].leader_election.is_some());
         assert!(got[1].leader_election.is_none());
         assert!(got[2].leader_election.is_none());
@@ -1074,7 +1207,7 @@ mod tests {
             "drivers.yaml:1:1: drivers: at least one driver is required"
         );
         let got = parse("drivers: []\n", "f", &defaults(), true).expect("valid with discovery");
-        assert!(got.is_empty());
+        assert!(got.drivers.is_empty());
     }
 
     #[test]
@@ -1134,7 +1267,7 @@ mod tests {
             ),
             (
                 "driver:\n  - address: /a\n",
-                "drivers.yaml:1:1: driver: unknown field `driver`, expected one of drivers",
+                "drivers.yaml:1:1: driver: unknown field `driver`, expected one of drivers, hubKubeApiQps, hubKubeApiBurst",
             ),
             (
                 "drivers:\n- address: /a\n  workerThreads: 0\n",
@@ -1158,7 +1291,15 @@ mod tests {
             ),
             (
                 "drivers:\n- address: /a\n  kubeApiQps: 0\n",
-                "drivers.yaml:3:3: drivers[0].kubeApiQps: must be greater than zero, not 0",
+                "drivers.yaml:3:3: drivers[0].kubeApiQps: must not be 0: write the requests per second (the client-go default is 5), or a negative number for no limit",
+            ),
+            (
+                "drivers:\n- address: /a\nhubKubeApiQps: -1\n",
+                "drivers.yaml:3:1: hubKubeApiQps: must not be negative, not -1",
+            ),
+            (
+                "drivers:\n- address: /a\nhubKubeApiQps: 10\nhubKubeApiBurst: -5\n",
+                "drivers.yaml:4:1: hubKubeApiBurst: -5 is out of range 0..=4294967295",
             ),
             (
                 "drivers:\n- address: /a\n  kubeApiBurst: 0\n",
@@ -1226,14 +1367,24 @@ mod tests {
     #[test]
     fn the_example_file_loads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("drivers.example.yaml");
-        let got = load(&path, &defaults(), false).unwrap_or_else(|e| panic!("{e}"));
+        let config = load(&path, &defaults(), false).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.hub_api_cap, Limit::Unlimited);
+        let got = config.drivers;
         assert_eq!(got.len(), 2);
         assert_eq!(
             got[0].expected_name.as_deref(),
             Some("fast-disk.csi.example.com")
         );
         assert_eq!((got[0].attach_workers, got[0].detach_workers), (20, 5));
-        assert_eq!(got[0].kube_api_budget, Some((10.0, 20)));
+        assert_eq!(
+            got[0].api_budget,
+            Limit::Rate {
+                qps: 10.0,
+                burst: 20
+            }
+        );
+        // The other driver has the flags' budget, as its sidecar had.
+        assert_eq!(got[1].api_budget, Limit::client_go(5.0, 10));
         assert_eq!((got[1].attach_workers, got[1].detach_workers), (4, 4));
         assert!(got[1].leader_election.is_some());
     }

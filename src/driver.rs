@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    budget::Budget,
+    budget::{ApiBudget, Limit},
     controller::{
         Handler, attachment,
         csi_handler::{self, CsiHandler},
@@ -86,8 +86,8 @@ pub struct Settings {
     pub max_entries: i32,
     /// fsType for PVs without one.
     pub default_fstype: String,
-    /// A per-driver API budget on top of the process-wide one: (qps, burst).
-    pub kube_api_budget: Option<(f64, u32)>,
+    /// The driver's own API budget (`--kube-api-qps`/`--kube-api-burst`, as its sidecar had).
+    pub api_budget: Limit,
     /// `None`: this replica always acts for the driver.
     pub leader_election: Option<LeaderSettings>,
     /// Exit the process (code 1) when the connection drops, as the Go
@@ -173,6 +173,8 @@ pub struct Driver {
     busy: KeyLocks,
     /// For `/drivers` and readiness.
     info: RwLock<Info>,
+    /// The API budget of the current connection, for `/drivers`.
+    budget: RwLock<Option<Arc<ApiBudget>>>,
     /// Set by the hub when this replica holds more than its share of Leases.
     hand_over: tokio::sync::Notify,
 }
@@ -212,6 +214,7 @@ impl Driver {
                 state: Some(State::Connecting),
                 ..Info::default()
             }),
+            budget: RwLock::new(None),
             hand_over: tokio::sync::Notify::new(),
         })
     }
@@ -257,6 +260,7 @@ impl Driver {
                 "pv": { "depth": self.pv_queue.len(), "processing": self.pv_queue.processing_len(), "oldestSeconds": self.pv_queue.oldest_age().map(|d| d.as_secs_f64()) },
             },
             "lastError": info.last_error,
+            "apiBudget": read(&self.budget).map(|b| b.status()),
         })
     }
 
@@ -599,11 +603,16 @@ impl Driver {
         caps: Capabilities,
         client: DriverClient,
     ) -> Handler {
-        let mut budgets = vec![shared.budget.clone()];
-        if let Some((qps, burst)) = self.settings.kube_api_budget {
-            budgets.push(Arc::new(Budget::new(qps, burst)));
-        }
-        let writer = Writer::new(shared.client.clone(), budgets);
+        let limit = self.settings.api_budget;
+        let budget = ApiBudget::new(
+            name,
+            limit,
+            shared.api_cap.clone(),
+            shared.metrics.api_observer(name, limit),
+        );
+        *write(&self.budget) = Some(budget.clone());
+        let writer = Writer::new(shared.client.clone(), budget)
+            .with_request_counter(shared.metrics.api_requests.clone(), name);
         if caps.needs_attach() {
             Handler::Csi(Box::new(CsiHandler::new(
                 name.to_string(),

@@ -18,7 +18,8 @@ use tracing::Instrument;
 
 use crate::{
     balance::{Balance, Presence},
-    budget::Budget,
+    budget::{FairCap, Limit},
+    config,
     controller::attachment,
     csi::Address,
     driver::{Driver, Origin, Settings, State},
@@ -73,10 +74,8 @@ pub struct Config {
     /// kubeconfig path; `None`: in-cluster configuration (or the usual
     /// kubeconfig search when not in a cluster).
     pub kubeconfig: Option<PathBuf>,
-    /// Process-wide API budget: requests per second.
-    pub kube_api_qps: f64,
-    /// Process-wide API budget: burst.
-    pub kube_api_burst: u32,
+    /// The optional process-wide API cap at start-up (a reloaded driver file may change it).
+    pub api_cap: Limit,
     /// Re-delivery period of every cached object.
     pub resync: Duration,
     /// The diagnostics listener, if any.
@@ -207,8 +206,8 @@ pub struct Shared {
     pub csi_ops: CsiOperations,
     /// Per-driver series.
     pub metrics: HubMetrics,
-    /// The process-wide API budget.
-    pub budget: Arc<Budget>,
+    /// The optional process-wide API cap, shared fairly by the drivers' own budgets.
+    pub api_cap: Arc<FairCap>,
     /// Leader-election status per driver name, for health and `/drivers`.
     pub leader_status: DashMap<String, leader::Status>,
     /// This replica's share of driver Leases.
@@ -347,8 +346,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     let Config {
         kubeconfig,
-        kube_api_qps,
-        kube_api_burst,
+        api_cap,
         resync,
         http: http_config,
         drivers,
@@ -390,7 +388,7 @@ pub async fn run(
         registry: hub_registry.clone(),
         csi_ops,
         metrics,
-        budget: Arc::new(Budget::new(kube_api_qps, kube_api_burst)),
+        api_cap: FairCap::new(api_cap),
         leader_status: DashMap::new(),
         balance: Arc::new(Balance::default()),
         max_grpc_log_length,
@@ -426,6 +424,13 @@ pub async fn run(
     }
     background.spawn(
         gauges(shared.clone(), http_stop.clone()).instrument(tracing::debug_span!("gauges")),
+    );
+    background.spawn(
+        shared
+            .api_cap
+            .clone()
+            .run(http_stop.clone())
+            .instrument(tracing::debug_span!("api-cap")),
     );
 
     Supervisor::new(shared.clone(), source)
@@ -503,7 +508,7 @@ const SOURCE_POLL_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Reads and validates the driver file; the error text names file, line and
 /// field.
-pub type Loader = Arc<dyn Fn(&Path) -> Result<Vec<Settings>, String> + Send + Sync>;
+pub type Loader = Arc<dyn Fn(&Path) -> Result<config::Config, String> + Send + Sync>;
 
 /// Where the driver list comes from at run time.
 #[derive(Clone)]
@@ -721,7 +726,10 @@ impl Supervisor {
                     file_digest = now;
                     tracing::info!(path = %path.display(), signal = forced, "re-reading the driver file");
                     match load(path) {
-                        Ok(drivers) => configured = drivers,
+                        Ok(config) => {
+                            configured = config.drivers;
+                            self.shared.api_cap.set_limit(config.hub_api_cap);
+                        }
                         Err(error) => {
                             tracing::error!(%error, "the new driver file is invalid; keeping the running configuration")
                         }

@@ -1,5 +1,5 @@
-//! The few Kubernetes API calls the controllers make, each behind the API
-//! budgets, and error texts shaped like client-go's.
+//! The few Kubernetes API calls the controllers make, each behind the
+//! driver's API budget, and error texts shaped like client-go's.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -13,32 +13,49 @@ use kube::{
 };
 use serde_json::Value;
 
-use crate::budget::Budget;
+use crate::budget::ApiBudget;
 
 /// Field manager recorded in `managedFields` for our patches (the Go
 /// attacher's client-go default is the binary name).
 pub const FIELD_MANAGER: &str = "csi-attacher";
 
-/// API access of one driver's controller: the shared client, the process-wide
-/// budget and the driver's own budget.
+/// API access of one driver's controller: the shared client, spent from the
+/// driver's own [`ApiBudget`] (which includes the hub's optional cap), with
+/// every request counted by outcome.
 #[derive(Clone)]
 pub struct Writer {
     client: Client,
-    budgets: Vec<Arc<Budget>>,
+    budget: Arc<ApiBudget>,
+    /// `attacher_hub_api_requests_total`, and the driver's label value.
+    requests: Option<(prometheus::IntCounterVec, String)>,
 }
 
 impl std::fmt::Debug for Writer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Writer")
-            .field("budgets", &self.budgets)
+            .field("budget", &self.budget)
             .finish_non_exhaustive()
     }
 }
 
 impl Writer {
-    /// API access with the given budgets, taken in order before each request.
-    pub fn new(client: Client, budgets: Vec<Arc<Budget>>) -> Self {
-        Self { client, budgets }
+    /// API access spending `budget` before each request.
+    pub fn new(client: Client, budget: Arc<ApiBudget>) -> Self {
+        Self {
+            client,
+            budget,
+            requests: None,
+        }
+    }
+
+    /// Counts every request in `counter` (`attacher_hub_api_requests_total`) under `driver`.
+    pub fn with_request_counter(
+        mut self,
+        counter: prometheus::IntCounterVec,
+        driver: &str,
+    ) -> Self {
+        self.requests = Some((counter, driver.to_owned()));
+        self
     }
 
     /// The underlying client.
@@ -46,10 +63,34 @@ impl Writer {
         &self.client
     }
 
-    async fn spend(&self) {
-        for b in &self.budgets {
-            b.acquire().await;
+    /// The driver's API budget.
+    pub fn budget(&self) -> &Arc<ApiBudget> {
+        &self.budget
+    }
+
+    /// Spends budget for one request, sends it, and counts its outcome.
+    async fn send<T>(
+        &self,
+        verb: &str,
+        resource: &str,
+        name: &str,
+        request: impl std::future::Future<Output = kube::Result<T>>,
+    ) -> kube::Result<T> {
+        self.budget
+            .acquire(verb, &format!("{resource}/{name}"))
+            .await;
+        let result = request.await;
+        if let Some((counter, driver)) = &self.requests {
+            let code = match &result {
+                Ok(_) => "200".to_owned(),
+                Err(kube::Error::Api(status)) => status.code.to_string(),
+                Err(_) => "error".to_owned(),
+            };
+            counter
+                .with_label_values(&[driver.as_str(), verb, resource, code.as_str()])
+                .inc();
         }
+        result
     }
 
     fn params() -> PatchParams {
@@ -61,10 +102,16 @@ impl Writer {
 
     /// JSON merge patch on a VolumeAttachment's main resource.
     pub async fn merge_va(&self, name: &str, patch: &Value) -> kube::Result<VolumeAttachment> {
-        self.spend().await;
-        Api::<VolumeAttachment>::all(self.client.clone())
-            .patch(name, &Self::params(), &Patch::Merge(patch))
-            .await
+        let api = Api::<VolumeAttachment>::all(self.client.clone());
+        let params = Self::params();
+        let patch = Patch::Merge(patch);
+        self.send(
+            "PATCH",
+            "volumeattachments",
+            name,
+            api.patch(name, &params, &patch),
+        )
+        .await
     }
 
     /// JSON merge patch on a VolumeAttachment's `status` subresource.
@@ -73,20 +120,32 @@ impl Writer {
         name: &str,
         patch: &Value,
     ) -> kube::Result<VolumeAttachment> {
-        self.spend().await;
-        Api::<VolumeAttachment>::all(self.client.clone())
-            .patch_status(name, &Self::params(), &Patch::Merge(patch))
-            .await
+        let api = Api::<VolumeAttachment>::all(self.client.clone());
+        let params = Self::params();
+        let patch = Patch::Merge(patch);
+        self.send(
+            "PATCH",
+            "volumeattachments/status",
+            name,
+            api.patch_status(name, &params, &patch),
+        )
+        .await
     }
 
     /// JSON Patch (RFC 6902) on a PersistentVolume.
     pub async fn json_patch_pv(&self, name: &str, patch: Value) -> kube::Result<PersistentVolume> {
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
-        self.spend().await;
-        Api::<PersistentVolume>::all(self.client.clone())
-            .patch(name, &Self::params(), &Patch::<()>::Json(patch))
-            .await
+        let api = Api::<PersistentVolume>::all(self.client.clone());
+        let params = Self::params();
+        let patch = Patch::<()>::Json(patch);
+        self.send(
+            "PATCH",
+            "persistentvolumes",
+            name,
+            api.patch(name, &params, &patch),
+        )
+        .await
     }
 
     /// A Secret's data as strings, read live (never cached).
@@ -95,10 +154,8 @@ impl Writer {
         namespace: &str,
         name: &str,
     ) -> kube::Result<HashMap<String, String>> {
-        self.spend().await;
-        let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
-            .get(name)
-            .await?;
+        let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
+        let secret = self.send("GET", "secrets", name, api.get(name)).await?;
         Ok(secret
             .data
             .unwrap_or_default()

@@ -199,7 +199,24 @@ pub struct HubMetrics {
     /// `attacher_hub_detach_duration_seconds{driver_name}`: VA deletion
     /// timestamp to detached.
     pub detach_e2e: HistogramVec,
+    /// `attacher_hub_api_budget_wait_seconds{driver_name}`: time each API request of a driver
+    /// waited for its API budget (its own, then the hub's cap); one observation per request.
+    pub api_budget_wait: HistogramVec,
+    /// `attacher_hub_api_throttled_requests_total{driver_name, limiter}`: requests that had to
+    /// wait, by the limit that held them (`driver`: its own budget, `hub`: the process cap).
+    pub api_throttled: prometheus::IntCounterVec,
+    /// `attacher_hub_api_budget_qps{driver_name}`: the driver's own API budget in requests per
+    /// second (absent when it has no limit).
+    pub api_budget_qps: prometheus::GaugeVec,
+    /// `attacher_hub_api_requests_total{driver_name, verb, resource, code}`: API requests made
+    /// for a driver, by HTTP status code (`error` when no answer came).
+    pub api_requests: prometheus::IntCounterVec,
 }
+
+/// Buckets of the API budget wait, in seconds: from "no wait" to minutes of backlog.
+pub const API_BUDGET_WAIT_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 impl HubMetrics {
     /// Creates the series and registers them on `registry`.
@@ -292,6 +309,35 @@ impl HubMetrics {
                 .buckets(END_TO_END_BUCKETS.to_vec()),
                 &["driver_name"],
             )?,
+            api_budget_wait: HistogramVec::new(
+                HistogramOpts::new(
+                    "attacher_hub_api_budget_wait_seconds",
+                    "Time an API request of the driver waited for API budget (the driver's own, then the hub's cap)",
+                )
+                .buckets(API_BUDGET_WAIT_BUCKETS.to_vec()),
+                &["driver_name"],
+            )?,
+            api_throttled: IntCounterVec::new(
+                Opts::new(
+                    "attacher_hub_api_throttled_requests_total",
+                    "API requests of the driver that had to wait for budget, by the limit that held them (driver or hub)",
+                ),
+                &["driver_name", "limiter"],
+            )?,
+            api_budget_qps: GaugeVec::new(
+                Opts::new(
+                    "attacher_hub_api_budget_qps",
+                    "The driver's own API budget in requests per second (absent: no limit)",
+                ),
+                &["driver_name"],
+            )?,
+            api_requests: IntCounterVec::new(
+                Opts::new(
+                    "attacher_hub_api_requests_total",
+                    "API requests made for the driver, by verb, resource and HTTP status code (error: no answer)",
+                ),
+                &["driver_name", "verb", "resource", "code"],
+            )?,
         };
         registry.register(Box::new(this.queue_depth.clone()))?;
         registry.register(Box::new(this.queue_oldest_age.clone()))?;
@@ -305,6 +351,10 @@ impl HubMetrics {
         registry.register(Box::new(this.panics.clone()))?;
         registry.register(Box::new(this.attach_e2e.clone()))?;
         registry.register(Box::new(this.detach_e2e.clone()))?;
+        registry.register(Box::new(this.api_budget_wait.clone()))?;
+        registry.register(Box::new(this.api_throttled.clone()))?;
+        registry.register(Box::new(this.api_budget_qps.clone()))?;
+        registry.register(Box::new(this.api_requests.clone()))?;
         Ok(this)
     }
 
@@ -328,6 +378,25 @@ impl HubMetrics {
         self.queue_wait_duration
             .with_label_values(&[queue, driver])
             .observe(waited.as_secs_f64());
+    }
+
+    /// Where the API budget of `driver` reports its waits; also publishes its limit.
+    pub fn api_observer(
+        &self,
+        driver: &str,
+        limit: crate::budget::Limit,
+    ) -> Box<dyn crate::budget::Observer> {
+        match limit.qps() {
+            Some(qps) => self.api_budget_qps.with_label_values(&[driver]).set(qps),
+            None => {
+                let _ = self.api_budget_qps.remove_label_values(&[driver]);
+            }
+        }
+        Box::new(ApiObserver {
+            wait: self.api_budget_wait.with_label_values(&[driver]),
+            throttled_driver: self.api_throttled.with_label_values(&[driver, "driver"]),
+            throttled_hub: self.api_throttled.with_label_values(&[driver, "hub"]),
+        })
     }
 
     /// Counts one caught panic.
@@ -366,5 +435,26 @@ impl HubMetrics {
             &self.attach_e2e
         };
         h.with_label_values(&[driver]).observe(seconds);
+    }
+}
+
+/// A driver's API budget metrics.
+#[derive(Debug)]
+struct ApiObserver {
+    wait: prometheus::Histogram,
+    throttled_driver: prometheus::IntCounter,
+    throttled_hub: prometheus::IntCounter,
+}
+
+impl crate::budget::Observer for ApiObserver {
+    fn waited(&self, waited: std::time::Duration) {
+        self.wait.observe(waited.as_secs_f64());
+    }
+
+    fn throttled(&self, limiter: crate::budget::Limiter) {
+        match limiter {
+            crate::budget::Limiter::Driver => self.throttled_driver.inc(),
+            crate::budget::Limiter::Hub => self.throttled_hub.inc(),
+        }
     }
 }

@@ -732,6 +732,18 @@ pub fn va_finalizer_removal_patch(va: &VolumeAttachment, driver: &str) -> Option
     Some(json!({ "metadata": { "finalizers": value } }))
 }
 
+/// Whether the API server deleted a VA when it answered our finalizer removal: the answer
+/// carries a deletion timestamp and no finalizer is left, so the object is gone (a VA has no
+/// grace period) and no further write to it can succeed.
+pub fn deleted_by_finalizer_removal(written: &VolumeAttachment) -> bool {
+    written.metadata.deletion_timestamp.is_some()
+        && written
+            .metadata
+            .finalizers
+            .as_deref()
+            .is_none_or(<[String]>::is_empty)
+}
+
 /// The status merge patch of `markAsAttached` (spec §3.5 step 4): `attached: true`,
 /// `attachmentMetadata` = the publish context, `attachError: null`, each only if it changes.
 ///
@@ -1782,6 +1794,25 @@ mod tests {
         for (name, va, want) in cases {
             assert_eq!(va_finalizer_removal_patch(&va, DRIVER), want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_va_answered_deleting_without_finalizers_is_gone() {
+        let deleting = |mut va: VolumeAttachment| {
+            va.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+            va
+        };
+        assert!(deleted_by_finalizer_removal(&deleting(va(None))));
+        assert!(deleted_by_finalizer_removal(&deleting(va_finalizers(
+            va(None),
+            &[]
+        ))));
+        // Another controller's finalizer keeps it; so does a VA that is not being deleted.
+        assert!(!deleted_by_finalizer_removal(&deleting(va_finalizers(
+            va(None),
+            &["other/f"]
+        ))));
+        assert!(!deleted_by_finalizer_removal(&va(None)));
     }
 
     #[test]

@@ -386,10 +386,18 @@ impl CsiHandler {
     async fn mark_as_detached(&self, va: &VolumeAttachment) -> Result<(), Error> {
         let name = va.metadata.name.as_deref().unwrap_or_default();
         if let Some(patch) = attachment::va_finalizer_removal_patch(va, &self.driver) {
-            self.writer
+            let written = self
+                .writer
                 .merge_va(name, &patch)
                 .await
                 .map_err(|e| Error::MarkDetached(k8s::error_text(&e)))?;
+            if attachment::deleted_by_finalizer_removal(&written) {
+                // The API server removed the object with its last finalizer: a status
+                // patch now could only answer 404 (Go sends it anyway; the objects and CSI
+                // calls are the same without it, and the detach costs one write, not two).
+                lock(&self.attached).remove(name);
+                return Ok(());
+            }
         }
         if let Some(patch) = attachment::detached_status_patch(va) {
             match self.writer.merge_va_status(name, &patch).await {
