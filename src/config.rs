@@ -1368,7 +1368,13 @@ mod tests {
     fn the_example_file_loads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("drivers.example.yaml");
         let config = load(&path, &defaults(), false).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(config.hub_api_cap, Limit::Unlimited);
+        assert_eq!(
+            config.hub_api_cap,
+            Limit::Rate {
+                qps: 200.0,
+                burst: 400
+            }
+        );
         let got = config.drivers;
         assert_eq!(got.len(), 2);
         assert_eq!(
