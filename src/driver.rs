@@ -534,8 +534,10 @@ impl Driver {
                 }
                 (Leadership::Standby { holder }, running) => {
                     if running && let Some(w) = workers.take() {
-                        tracing::warn!("lost leadership; stopping workers");
-                        self.stop_workers(w).await;
+                        // Another replica may lead already: stop at once, as the Go sidecar
+                        // does by exiting. Keys cut short go back to their queues.
+                        tracing::warn!("lost leadership; stopping workers now");
+                        self.abort_workers(w).await;
                         shared.balance.set_leading(false);
                     }
                     shared.metrics.set_leader(name, false);
@@ -683,6 +685,16 @@ impl Driver {
         Workers { token, set }
     }
 
+    /// Stops the workers without waiting for in-flight work (leadership is gone).
+    async fn abort_workers(&self, mut w: Workers) {
+        *write(&self.handler) = None;
+        w.token.cancel();
+        w.set.abort_all();
+        while w.set.join_next().await.is_some() {}
+    }
+
+    /// Stops the workers, letting in-flight work finish within the drain timeout (we still
+    /// hold the Lease: shutdown or hand-over).
     async fn stop_workers(&self, mut w: Workers) {
         *write(&self.handler) = None;
         w.token.cancel();
@@ -721,11 +733,14 @@ impl Driver {
         // change while they run.
         let driver = self.name().unwrap_or_default();
         loop {
-            let (key, waited) = tokio::select! {
+            // The claim hands the key back if this worker is aborted mid-sync (leadership
+            // lost, shutdown past the drain): a sync cut short is never a key lost.
+            let (claim, waited) = tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
-                key = queue.get_timed() => match key { Some(k) => k, None => return },
+                next = queue.claim() => match next { Some(c) => c, None => return },
             };
+            let key = claim.key().to_owned();
             shared.metrics.observe_wait(&driver, queue.name(), waited);
             let started = Instant::now();
             let work = async {
@@ -744,7 +759,7 @@ impl Driver {
             shared
                 .metrics
                 .observe_work(&driver, queue.name(), started.elapsed());
-            queue.done(&key);
+            claim.done();
         }
     }
 

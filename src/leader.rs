@@ -711,24 +711,23 @@ impl LeaderElector {
         }
     }
 
-    /// Renews every retry period; returns when renewals have failed for `renew_deadline`, when
-    /// another candidate is seen holding the Lease, or when `shutdown` is cancelled.
+    /// Renews every retry period; returns when a renewal round has failed for `renew_deadline`,
+    /// when another candidate is seen holding the Lease, or when `shutdown` is cancelled.
     ///
-    /// Two deliberate differences from client-go, both of which end leadership *earlier*, never
-    /// later: the renew deadline runs from the last successful renewal (client-go starts it one
-    /// retry period later, when the failing round begins), and a Lease observed in another
-    /// candidate's hands ends leadership at once instead of at the deadline.
+    /// As client-go's `renew`: a round starts one retry period after the last success and tries
+    /// at once, then every retry period, until `renew_deadline` after the round started; every
+    /// call of the round is bounded by that deadline. So a transient error (a 403 or 503 from an
+    /// API server that is restarting) costs nothing as long as a later try of the round works.
+    /// One deliberate difference, which ends leadership earlier, never later: a Lease observed in
+    /// another candidate's hands ends leadership at once instead of at the deadline.
     async fn lead(&mut self, shutdown: &CancellationToken) -> LeadEnd {
-        let mut last_success = Instant::now();
         loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return LeadEnd::Cancelled,
                 () = tokio::time::sleep(self.config.retry_period) => {}
             }
-            // One renewal round: attempts every retry period until one succeeds or the renew
-            // deadline passes (client-go `PollImmediateUntil` under a deadline context).
-            let deadline = last_success + self.config.renew_deadline;
+            let deadline = Instant::now() + self.config.renew_deadline;
             loop {
                 let attempt = tokio::select! {
                     biased;
@@ -736,10 +735,7 @@ impl LeaderElector {
                     result = self.try_acquire_or_renew(deadline) => result,
                 };
                 match attempt {
-                    Ok(true) => {
-                        last_success = Instant::now();
-                        break;
-                    }
+                    Ok(true) => break,
                     Ok(false) => {
                         warn!("the lease was taken over by another candidate");
                         return LeadEnd::Lost;
@@ -748,6 +744,7 @@ impl LeaderElector {
                 }
                 let next = Instant::now() + self.config.retry_period;
                 if next >= deadline {
+                    warn!(renew_deadline = ?self.config.renew_deadline, "failed to renew the lease before the renew deadline");
                     return LeadEnd::Lost;
                 }
                 tokio::select! {
@@ -1239,6 +1236,8 @@ mod tests {
             pub(super) rv: u64,
             /// Answer every request with 500.
             pub(super) fail: bool,
+            /// Answer this many of the next requests with 503 (a server warming up).
+            pub(super) fail_next: usize,
             /// Successful writes (POST/PUT), in order.
             pub(super) writes: Vec<Lease>,
         }
@@ -1275,6 +1274,10 @@ mod tests {
                 let mut st = self.state();
                 if st.fail {
                     return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError");
+                }
+                if st.fail_next > 0 {
+                    st.fail_next -= 1;
+                    return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable");
                 }
                 match method {
                     Method::GET => match &st.lease {
@@ -1456,13 +1459,15 @@ mod tests {
         let last_renew = status.last_renew().expect("renewed");
         fake.state().fail = true;
         rx.wait_for(|l| !l.is_leading()).await.expect("loses");
+        // client-go: the failing round starts a retry period after the last renewal and lasts
+        // the renew deadline (1 s + 3 s here), still within the lease duration (4 s).
         let lost_after = last_renew.elapsed();
         assert!(
-            lost_after <= Duration::from_secs(3),
+            lost_after <= Duration::from_secs(4),
             "lost {lost_after:?} after the last renewal, beyond the renew deadline"
         );
         assert!(
-            lost_after >= Duration::from_secs(2),
+            lost_after >= Duration::from_secs(3),
             "gave up early: {lost_after:?}"
         );
         // It competes again once the API server recovers.
@@ -1470,6 +1475,29 @@ mod tests {
         rx.wait_for(Leadership::is_leading)
             .await
             .expect("leads again");
+    }
+
+    /// With client-go's default timings (retry 5 s, renew deadline 10 s) one failed renewal
+    /// is retried within the round; leadership survives a server that answers 503 briefly.
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_renewal_error_does_not_cost_leadership() {
+        let fake = fake::Fake::default();
+        let mut c = Config::new("lease", "default", "me");
+        c.release_on_cancel = true;
+        let (mut rx, _handle, _token, status) = spawn_on(&fake, c);
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let mut changes = rx.clone();
+        changes.mark_unchanged();
+        // The next renewal's fast-path update and its fallback read both fail.
+        fake.state().fail_next = 2;
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        assert_eq!(fake.state().fail_next, 0, "the failing renewal happened");
+        assert!(rx.borrow().is_leading());
+        assert!(
+            !changes.has_changed().expect("elector alive"),
+            "leadership never flipped"
+        );
+        assert!(status.last_renew().expect("renewed").elapsed() < Duration::from_secs(5));
     }
 
     #[tokio::test(start_paused = true)]

@@ -203,6 +203,20 @@ impl Queue {
         }
     }
 
+    /// [`Queue::get_timed`], with the key held by a [`Claim`]: whatever ends the worker that
+    /// holds it (abort, panic, a cancelled future), the key leaves `processing` and is queued
+    /// again, so no key is ever lost.
+    pub async fn claim(&self) -> Option<(Claim<'_>, Duration)> {
+        let (key, waited) = self.get_timed().await?;
+        Some((
+            Claim {
+                queue: self,
+                key: Some(key),
+            },
+            waited,
+        ))
+    }
+
     /// Marks `key` as no longer processed; queues it again if it was re-added meanwhile.
     pub fn done(&self, key: &str) {
         let woke = {
@@ -278,6 +292,43 @@ impl Queue {
     /// True after [`Queue::shut_down`].
     pub fn is_shutting_down(&self) -> bool {
         self.lock().shutting_down
+    }
+}
+
+/// A key handed to one worker by [`Queue::claim`]. [`Claim::done`] finishes it as
+/// [`Queue::done`] does; dropping it unfinished (the worker was aborted or cancelled mid-sync)
+/// hands the key back to the queue, ready at once, for the next worker or the next term.
+#[derive(Debug)]
+pub struct Claim<'a> {
+    queue: &'a Queue,
+    /// `None` once finished.
+    key: Option<String>,
+}
+
+impl Claim<'_> {
+    /// The key.
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or_default()
+    }
+
+    /// The sync of the key is over (its outcome already recorded with `forget` or
+    /// `add_rate_limited`).
+    pub fn done(mut self) {
+        if let Some(key) = self.key.take() {
+            self.queue.done(&key);
+        }
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            // Cut short: the object may still need work. Marked dirty while processing,
+            // `done` puts it back in the ready queue.
+            tracing::debug!(queue = %self.queue.name, %key, "sync cut short; queuing the key again");
+            self.queue.add(key.clone());
+            self.queue.done(&key);
+        }
     }
 }
 
@@ -466,6 +517,43 @@ mod tests {
         assert_eq!(get_within(&q, Duration::from_secs(600)).await, None);
         // The failure count is kept.
         assert_eq!(q.num_requeues("a"), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_dropped_mid_sync_gives_the_key_back() {
+        let q = queue();
+        q.add("a");
+        q.add("b");
+        let worker = {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move {
+                let (claim, _) = q.claim().await.expect("a key");
+                // A sync that never ends (a CSI call longer than the drain).
+                std::future::pending::<()>().await;
+                claim.done();
+            })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(q.processing_len(), 1);
+        // A watch event for the key while it is processed only marks it dirty.
+        q.add("a");
+        worker.abort();
+        assert!(worker.await.expect_err("aborted").is_cancelled());
+        assert_eq!(q.processing_len(), 0, "no key stuck in processing");
+        let mut keys = vec![
+            q.get().await.expect("queued"),
+            q.get().await.expect("queued"),
+        ];
+        keys.sort();
+        assert_eq!(keys, ["a", "b"]);
+        // A finished claim does not queue its key again.
+        q.done("a");
+        q.done("b");
+        q.add("c");
+        let (claim, _) = q.claim().await.expect("c");
+        assert_eq!(claim.key(), "c");
+        claim.done();
+        assert_eq!(get_within(&q, Duration::from_secs(60)).await, None);
     }
 
     #[tokio::test(start_paused = true)]
