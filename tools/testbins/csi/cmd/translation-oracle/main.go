@@ -175,7 +175,7 @@ func handle(logger klog.Logger, line []byte) output {
 	case req.InlineVolumeSpec != nil || req.PodVolume != nil:
 		spec = req.InlineVolumeSpec
 		if req.PodVolume != nil {
-			pv, err := translator.TranslateInTreeInlineVolumeToCSI(logger, req.PodVolume, req.PodNamespace)
+			pv, err := translateInline(logger, req.PodVolume, req.PodNamespace)
 			if err != nil {
 				res.KCMError = err.Error()
 				return res
@@ -236,6 +236,19 @@ func handle(logger klog.Logger, line []byte) output {
 		res.Repair = r
 	}
 	return res
+}
+
+// translateInline is kube-controller-manager's TranslateInTreeInlineVolumeToCSI. A panic
+// of the library becomes an error: csi-translation-lib v0.36.3 dereferences a nil source
+// for a vSphere pod volume with a storagePolicyName (vsphere_volume.go), so no
+// VolumeAttachment is ever made for it.
+func translateInline(logger klog.Logger, vol *v1.Volume, podNamespace string) (pv *v1.PersistentVolume, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			pv, err = nil, fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return translator.TranslateInTreeInlineVolumeToCSI(logger, vol, podNamespace)
 }
 
 func ref(r *v1.SecretReference) *secretRef {
