@@ -220,20 +220,10 @@ pub enum Error {
     /// The PV's access modes cannot be expressed in CSI.
     #[error(transparent)]
     AccessMode(#[from] AccessModeError),
-    /// An AWS EBS volumeID that is neither `vol-…` nor `aws://<zone>/vol-…`.
-    #[error(
-        "failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume ({id})"
-    )]
-    InvalidEbsVolumeId {
-        /// The in-tree `volumeID`.
-        id: String,
-    },
-    /// A GCE PD PV whose zone label lists zones of different (or no) regions.
-    #[error("failed to get region from zones {zones:?}")]
-    GceRegion {
-        /// The zones from the PV's zone label.
-        zones: Vec<String>,
-    },
+    /// csi-translation-lib refuses the in-tree PV. The prefix is the one external-attacher's
+    /// `csiAttach` and `csiDetach` put before the library's error.
+    #[error("failed to translate in tree pv to CSI: {0}")]
+    Translation(#[from] TranslationError),
 }
 
 impl Error {
@@ -248,7 +238,7 @@ impl Error {
             Self::NotCsi => "not_csi",
             Self::CapabilityWithoutCsi => "capability_without_csi",
             Self::AccessMode(_) => "access_mode",
-            Self::InvalidEbsVolumeId { .. } | Self::GceRegion { .. } => "translation",
+            Self::Translation(_) => "translation",
         }
     }
 }
@@ -295,15 +285,35 @@ pub fn check_pv_attachable(pv: &PersistentVolume) -> Result<()> {
 pub struct Volume {
     /// The PV's spec, translated to CSI if it was in-tree, or the VA's inline spec.
     pub spec: PersistentVolumeSpec,
-    /// True for translated in-tree PVs and for inline specs (the `migrated` metric label, and
-    /// the reconciler's handle repair).
+    /// True for translated in-tree PVs only: the `migrated` label of the CSI call metrics
+    /// (external-attacher's `markAsMigrated(ctx, migratable)` in `csiAttach` / `csiDetach`,
+    /// which is false for inline specs).
     pub migrated: bool,
+    /// True for the VA's inline spec (`spec.source.inlineVolumeSpec`).
+    pub inline: bool,
 }
 
 impl Volume {
+    /// The VA's inline spec, used as it is: kube-controller-manager already translated it, and
+    /// external-attacher never translates inline specs itself.
+    pub fn inline(spec: PersistentVolumeSpec) -> Self {
+        Self {
+            spec,
+            migrated: false,
+            inline: true,
+        }
+    }
+
     /// The CSI source of the volume.
     pub fn csi(&self) -> Result<&CSIPersistentVolumeSource> {
         csi_source(&self.spec)
+    }
+
+    /// Whether the ListVolumes reconciler repairs the volume handle (csi-translation-lib's
+    /// `RepairVolumeHandle`) before looking it up: external-attacher's `isMigratable`, true for
+    /// in-tree PVs and for every inline spec.
+    pub fn repairs_handle(&self) -> bool {
+        self.migrated || self.inline
     }
 }
 
@@ -320,12 +330,14 @@ pub fn pv_volume(pv: &PersistentVolume) -> Result<Volume> {
         return Ok(Volume {
             spec: translate_in_tree(pv, plugin)?,
             migrated: true,
+            inline: false,
         });
     }
     csi_source(&spec)?;
     Ok(Volume {
         spec,
         migrated: false,
+        inline: false,
     })
 }
 
@@ -344,10 +356,7 @@ pub fn volume_source<P: Borrow<PersistentVolume>>(
             })?;
             pv_volume(pv.borrow())
         }
-        Source::Inline(spec) => Ok(Volume {
-            spec: spec.clone(),
-            migrated: true,
-        }),
+        Source::Inline(spec) => Ok(Volume::inline(spec.clone())),
     }
 }
 
@@ -470,126 +479,187 @@ pub fn is_migratable_in_tree(pv: &PersistentVolume, driver: &str) -> bool {
         .is_some_and(|p| p.driver_name() == driver)
 }
 
-/// Zone label values from which the GCE PD handle takes its zone(s); the GA label wins.
-const ZONE_LABELS: [&str; 2] = [
-    "topology.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/zone",
-];
+// The translation below follows csi-translation-lib v0.36.3 (`plugins/*.go`), the version the
+// reference external-attacher v4.12.0 is built with, field by field, including its quirks (a
+// zero GCE partition gives `partition: ""`, a zero EBS partition `partition: "0"`, ...). It is
+// checked against the library itself by `tests/translation_oracle.rs`, which compares thousands
+// of generated PVs with the output of the Go tool `translation-oracle` (tools/testbins/csi).
+
+/// Zone label read first for GCE PD volume handles (csi-translation-lib reads the beta label
+/// and falls back to the GA one only when the beta label is empty or missing).
+const GCE_BETA_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
+/// Zone label read when the beta one is empty or missing.
+const GCE_GA_ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// Separator of several zones in one zone label (regional disks).
 const MULTI_ZONE_SEPARATOR: &str = "__";
 /// Placeholder for an unknown GCE project or zone in a PD volume handle.
 const GCE_UNSPECIFIED: &str = "UNSPECIFIED";
 /// PV annotation with the Azure resource group of an in-tree Azure File share.
 const AZURE_FILE_RESOURCE_GROUP_ANNOTATION: &str = "kubernetes.io/azure-file-resource-group";
+/// Name of the Azure File secret that names a storage account: `azure-storage-account-<account>-secret`.
+const AZURE_FILE_SECRET_PREFIX: &str = "azure-storage-account-";
+/// See [`AZURE_FILE_SECRET_PREFIX`].
+const AZURE_FILE_SECRET_SUFFIX: &str = "-secret";
+/// The only Azure Disk `kind` csi-translation-lib migrates (compared case-insensitively); also
+/// the value of the `kind` volume attribute it always sets.
+const AZURE_MANAGED_DISK: &str = "Managed";
+/// PV annotations from which a Portworx PV takes all five CSI secret references (both needed).
+const PORTWORX_SECRET_NAME_ANNOTATION: &str = "openstorage.io/auth-secret-name";
+/// See [`PORTWORX_SECRET_NAME_ANNOTATION`].
+const PORTWORX_SECRET_NAMESPACE_ANNOTATION: &str = "openstorage.io/auth-secret-namespace";
 
-/// Translates an in-tree PV spec to a CSI one, following csi-translation-lib's facts.
+/// Why csi-translation-lib refuses to translate an in-tree PV. The `Display` texts are the
+/// library's; [`Error::Translation`] adds external-attacher's prefix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TranslationError {
+    /// An AWS EBS `volumeID` starting with `aws://` that is not a URL whose path is one
+    /// `vol-…` segment. The text is the reason (`Invalid format for AWS volume (<id>)`, or
+    /// `Invalid disk name (<id>): <Go URL parse error>`).
+    #[error("failed to translate Kubernetes ID to EBS Volume ID {0}")]
+    EbsVolumeId(String),
+    /// A GCE PD PV whose zone label lists several zones that do not share one region, or a
+    /// zone not of the form `<locale>-<region>-<zone>`. The text is the reason.
+    #[error("failed to get region from zones: {0}")]
+    GceRegion(String),
+    /// An Azure Disk whose `kind` is set and is not `Managed` (the API server defaults a
+    /// missing kind to `Shared`, so such PVs are never migrated).
+    #[error("kind({0}) is not supported in csi migration")]
+    AzureDiskKind(String),
+    /// An Azure File PV with neither `secretNamespace` nor a `claimRef` namespace.
+    #[error("could not find a secret namespace in PersistentVolumeSource or ClaimRef")]
+    AzureFileSecretNamespace,
+}
+
+/// Translates an in-tree PV spec to a CSI one, as csi-translation-lib's
+/// `TranslateInTreePVToCSI` does.
 ///
-/// Only what the attacher reads is produced: driver, volume handle, readOnly, fsType, volume
-/// attributes and secrets; the in-tree source is cleared. Topology / node-affinity rewriting is
-/// not done (the attacher never reads it). Per plugin:
+/// Everything the attacher reads is produced: driver, volume handle, readOnly, fsType, volume
+/// attributes, secret references and (GCE PD) access modes; the in-tree source is cleared.
+/// Topology / node-affinity rewriting is not done (the attacher never reads it). Per plugin:
 ///
-/// * GCE PD: handle `projects/UNSPECIFIED/zones/<zone>/disks/<pdName>` from the PV's zone label
-///   (`UNSPECIFIED` zone without label); several zones (`a__b`) give
-///   `projects/UNSPECIFIED/regions/<region>/disks/<pdName>`, region = zone minus its last `-…`.
-///   Attribute `partition` if non-zero. Access modes are made backward compatible: RWX is
-///   treated as RWO and RWO+ROX becomes RWO (the in-tree plugin never enforced them).
-/// * AWS EBS: handle = `volumeID` with an `aws://<zone>/` prefix removed, must be `vol-…`;
-///   attribute `partition` if non-zero.
-/// * Azure Disk: handle = `diskURI`; attributes `cachingMode`, `fsType`, `kind` when set.
-/// * Azure File: handle `<rg>#<account>#<share>##<secretNamespace>` (rg from the
-///   `kubernetes.io/azure-file-resource-group` annotation, account from a secret name of the form
-///   `azure-storage-account-<account>-secret`, else the secret name itself); attribute
-///   `sharename`; node-stage secret `azure-storage-account-<account>-secret` in the secret's
-///   namespace or `default`.
-/// * Cinder, Portworx: handle = `volumeID`. vSphere: handle = `volumePath`, attribute
-///   `storagepolicyname` when set.
-fn translate_in_tree(pv: &PersistentVolume, plugin: InTreePlugin) -> Result<PersistentVolumeSpec> {
+/// * GCE PD: the zone(s) come from the beta zone label, or the GA one when the beta label is
+///   empty or missing; one zone gives `projects/UNSPECIFIED/zones/<zone>/disks/<pdName>`, no
+///   zone `UNSPECIFIED` as zone, several zones (`a__b`, empty parts included)
+///   `projects/UNSPECIFIED/regions/<region>/disks/<pdName>` when all are `<locale>-<region>-<x>`
+///   of one region. Attribute `partition`: the partition, `""` for 0. readOnly and fsType
+///   copied. Access modes made backward compatible (see
+///   [`gce_backward_compatible_access_modes`]).
+/// * AWS EBS: handle from [`ebs_volume_id`]; attribute `partition` always (`"0"` for 0).
+/// * Azure Disk: refused unless `kind` is missing or `Managed` (any case); handle = `diskURI`
+///   (not parsed); attributes `kind: Managed`, `cachingmode` when set (also empty), `fstype`
+///   when set (also copied to fsType); readOnly copied.
+/// * Azure File: handle `<rg>#<account>#<share>#<pv name>#<namespace>` (rg from the
+///   `kubernetes.io/azure-file-resource-group` annotation, account from
+///   [`azure_storage_account`], namespace = `secretNamespace` if set, even empty, else the
+///   claimRef's namespace; an empty namespace is refused); attribute `sharename`; node-stage
+///   secret = the in-tree secret name in that namespace; readOnly copied.
+/// * Cinder: handle = `volumeID`, readOnly and fsType copied, no attributes.
+/// * vSphere: handle = `volumePath`, fsType copied, attribute `storagepolicyname` when
+///   non-empty; never read-only.
+/// * Portworx: handle = `volumeID`, fsType copied, readOnly dropped; all five secret
+///   references from the `openstorage.io/auth-secret-name` / `-namespace` annotations when both
+///   are present.
+fn translate_in_tree(
+    pv: &PersistentVolume,
+    plugin: InTreePlugin,
+) -> Result<PersistentVolumeSpec, TranslationError> {
     let mut spec = pv.spec.clone().unwrap_or_default();
     let mut attrs = BTreeMap::new();
     let mut csi = CSIPersistentVolumeSource {
         driver: plugin.driver_name().to_owned(),
         ..CSIPersistentVolumeSource::default()
     };
+    let annotation = |key: &str| {
+        pv.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
     match plugin {
         InTreePlugin::GcePersistentDisk => {
-            let Some(src) = spec.gce_persistent_disk.take() else {
-                return Err(Error::NotCsi);
-            };
+            let src = spec.gce_persistent_disk.take().unwrap_or_default();
             csi.volume_handle = gce_volume_handle(pv, &src.pd_name)?;
             csi.read_only = src.read_only;
             csi.fs_type = src.fs_type;
-            if let Some(p) = src.partition.filter(|p| *p != 0) {
-                attrs.insert("partition".to_owned(), p.to_string());
-            }
+            // Go formats a non-zero partition, and leaves "" for zero.
+            let partition = src.partition.filter(|p| *p != 0);
+            attrs.insert(
+                "partition".to_owned(),
+                partition.map(|p| p.to_string()).unwrap_or_default(),
+            );
             spec.access_modes = spec
                 .access_modes
                 .as_deref()
                 .map(gce_backward_compatible_access_modes);
         }
         InTreePlugin::AwsElasticBlockStore => {
-            let Some(src) = spec.aws_elastic_block_store.take() else {
-                return Err(Error::NotCsi);
-            };
+            let src = spec.aws_elastic_block_store.take().unwrap_or_default();
             csi.volume_handle = ebs_volume_id(&src.volume_id)?;
             csi.read_only = src.read_only;
             csi.fs_type = src.fs_type;
-            if let Some(p) = src.partition.filter(|p| *p != 0) {
-                attrs.insert("partition".to_owned(), p.to_string());
-            }
+            // Unlike GCE PD, a zero partition is formatted too: "0".
+            attrs.insert(
+                "partition".to_owned(),
+                src.partition.unwrap_or(0).to_string(),
+            );
         }
         InTreePlugin::AzureDisk => {
-            let Some(src) = spec.azure_disk.take() else {
-                return Err(Error::NotCsi);
-            };
+            let src = spec.azure_disk.take().unwrap_or_default();
+            // Go's strings.EqualFold; "managed" has no non-ASCII case-fold partners.
+            if let Some(kind) = src
+                .kind
+                .filter(|k| !k.eq_ignore_ascii_case(AZURE_MANAGED_DISK))
+            {
+                return Err(TranslationError::AzureDiskKind(kind));
+            }
             csi.volume_handle = src.disk_uri;
             csi.read_only = src.read_only;
             if let Some(mode) = src.caching_mode {
-                attrs.insert("cachingMode".to_owned(), mode);
+                attrs.insert("cachingmode".to_owned(), mode);
             }
             if let Some(fs) = src.fs_type {
-                attrs.insert("fsType".to_owned(), fs.clone());
+                attrs.insert("fstype".to_owned(), fs.clone());
                 csi.fs_type = Some(fs);
             }
-            if let Some(kind) = src.kind {
-                attrs.insert("kind".to_owned(), kind);
-            }
+            attrs.insert("kind".to_owned(), AZURE_MANAGED_DISK.to_owned());
         }
         InTreePlugin::AzureFile => {
-            let Some(src) = spec.azure_file.take() else {
-                return Err(Error::NotCsi);
+            let src = spec.azure_file.take().unwrap_or_default();
+            let account = azure_storage_account(&src.secret_name).unwrap_or(&src.secret_name);
+            let resource_group = annotation(AZURE_FILE_RESOURCE_GROUP_ANNOTATION).unwrap_or("");
+            // An explicit secretNamespace wins even when empty (and is then refused).
+            let namespace = match &src.secret_namespace {
+                Some(ns) => ns.clone(),
+                None => spec
+                    .claim_ref
+                    .as_ref()
+                    .and_then(|c| c.namespace.clone())
+                    .unwrap_or_default(),
             };
-            let account = azure_storage_account(&src.secret_name);
-            let namespace = src
-                .secret_namespace
-                .filter(|ns| !ns.is_empty())
-                .unwrap_or_else(|| "default".to_owned());
-            let resource_group = pv
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(AZURE_FILE_RESOURCE_GROUP_ANNOTATION))
-                .map_or("", String::as_str);
-            csi.volume_handle =
-                format!("{resource_group}#{account}#{}##{namespace}", src.share_name);
+            if namespace.is_empty() {
+                return Err(TranslationError::AzureFileSecretNamespace);
+            }
+            let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+            csi.volume_handle = format!(
+                "{resource_group}#{account}#{}#{pv_name}#{namespace}",
+                src.share_name
+            );
             csi.read_only = src.read_only;
             attrs.insert("sharename".to_owned(), src.share_name);
             csi.node_stage_secret_ref = Some(SecretReference {
-                name: Some(format!("azure-storage-account-{account}-secret")),
+                name: Some(src.secret_name),
                 namespace: Some(namespace),
             });
         }
         InTreePlugin::Cinder => {
-            let Some(src) = spec.cinder.take() else {
-                return Err(Error::NotCsi);
-            };
+            let src = spec.cinder.take().unwrap_or_default();
             csi.volume_handle = src.volume_id;
             csi.read_only = src.read_only;
             csi.fs_type = src.fs_type;
         }
         InTreePlugin::VsphereVolume => {
-            let Some(src) = spec.vsphere_volume.take() else {
-                return Err(Error::NotCsi);
-            };
+            let src = spec.vsphere_volume.take().unwrap_or_default();
             csi.volume_handle = src.volume_path;
             csi.fs_type = src.fs_type;
             if let Some(policy) = src.storage_policy_name.filter(|p| !p.is_empty()) {
@@ -597,12 +667,24 @@ fn translate_in_tree(pv: &PersistentVolume, plugin: InTreePlugin) -> Result<Pers
             }
         }
         InTreePlugin::PortworxVolume => {
-            let Some(src) = spec.portworx_volume.take() else {
-                return Err(Error::NotCsi);
-            };
+            let src = spec.portworx_volume.take().unwrap_or_default();
             csi.volume_handle = src.volume_id;
-            csi.read_only = src.read_only;
             csi.fs_type = src.fs_type;
+            // readOnly is not carried over (the library leaves it false).
+            if let (Some(name), Some(namespace)) = (
+                annotation(PORTWORX_SECRET_NAME_ANNOTATION),
+                annotation(PORTWORX_SECRET_NAMESPACE_ANNOTATION),
+            ) {
+                let secret = Some(SecretReference {
+                    name: Some(name.to_owned()),
+                    namespace: Some(namespace.to_owned()),
+                });
+                csi.controller_publish_secret_ref = secret.clone();
+                csi.node_stage_secret_ref = secret.clone();
+                csi.node_publish_secret_ref = secret.clone();
+                csi.controller_expand_secret_ref = secret.clone();
+                csi.node_expand_secret_ref = secret;
+            }
         }
     }
     csi.volume_attributes = Some(attrs);
@@ -611,42 +693,68 @@ fn translate_in_tree(pv: &PersistentVolume, plugin: InTreePlugin) -> Result<Pers
 }
 
 /// The GCE PD CSI volume handle for `pd_name`, zonal or regional from the PV's zone label.
-fn gce_volume_handle(pv: &PersistentVolume, pd_name: &str) -> Result<String> {
-    let labels = pv.metadata.labels.as_ref();
-    let zones_label = ZONE_LABELS
-        .iter()
-        .filter_map(|l| labels.and_then(|m| m.get(*l)))
-        .find(|v| !v.is_empty())
-        .map_or("", String::as_str);
-    let zones: Vec<&str> = zones_label
-        .split(MULTI_ZONE_SEPARATOR)
-        .filter(|z| !z.is_empty())
-        .collect();
+fn gce_volume_handle(pv: &PersistentVolume, pd_name: &str) -> Result<String, TranslationError> {
+    let label = |key: &str| {
+        pv.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .map_or("", String::as_str)
+    };
+    let mut zones_label = label(GCE_BETA_ZONE_LABEL);
+    if zones_label.is_empty() {
+        zones_label = label(GCE_GA_ZONE_LABEL);
+    }
+    // Go's strings.Split: "" gives [""], "a__" gives ["a", ""]; empty parts are kept.
+    let zones: Vec<&str> = zones_label.split(MULTI_ZONE_SEPARATOR).collect();
     match zones.as_slice() {
-        [] => Ok(format!(
-            "projects/{GCE_UNSPECIFIED}/zones/{GCE_UNSPECIFIED}/disks/{pd_name}"
-        )),
-        [zone] => Ok(format!(
+        [zone] if !zone.is_empty() => Ok(format!(
             "projects/{GCE_UNSPECIFIED}/zones/{zone}/disks/{pd_name}"
         )),
+        [_] => Ok(format!(
+            "projects/{GCE_UNSPECIFIED}/zones/{GCE_UNSPECIFIED}/disks/{pd_name}"
+        )),
         many => {
-            let region_err = || Error::GceRegion {
-                zones: many.iter().map(|z| (*z).to_owned()).collect(),
-            };
-            let mut regions = many.iter().map(|z| z.rsplit_once('-').map(|(r, _)| r));
-            let first = regions.next().flatten().ok_or_else(region_err)?;
-            if regions.any(|r| r != Some(first)) {
-                return Err(region_err());
-            }
+            let region = gce_region_from_zones(many).map_err(TranslationError::GceRegion)?;
             Ok(format!(
-                "projects/{GCE_UNSPECIFIED}/regions/{first}/disks/{pd_name}"
+                "projects/{GCE_UNSPECIFIED}/regions/{region}/disks/{pd_name}"
             ))
         }
     }
 }
 
-/// GCE PD's backward-compatible access modes: RWX counts as RWO; RWO (alone or with ROX)
-/// becomes `[RWO]`, ROX alone stays `[ROX]`, anything else becomes `[RWO]`.
+/// csi-translation-lib's `gceGetRegionFromZones`: every zone must be
+/// `<locale>-<region>-<zone>` (exactly three `-`-separated parts), and all must share
+/// `<locale>-<region>`. The error is the library's text.
+pub fn gce_region_from_zones(zones: &[&str]) -> Result<String, String> {
+    if zones.is_empty() {
+        return Err("no zones specified".to_owned());
+    }
+    let mut regions = std::collections::BTreeSet::new();
+    for zone in zones {
+        let parts: Vec<&str> = zone.split('-').collect();
+        let [locale, region, _] = parts.as_slice() else {
+            return Err(format!(
+                "zone in unexpected format, expected: {{locale}}-{{region}}-{{zone}}, got: {zone}"
+            ));
+        };
+        regions.insert(format!("{locale}-{region}"));
+    }
+    if regions.len() != 1 {
+        // fmt's %v of a sets.String (a map to struct{}): keys sorted bytewise, as BTreeSet.
+        let listed: Vec<String> = regions.iter().map(|r| format!("{r}:{{}}")).collect();
+        return Err(format!(
+            "multiple or no regions gotten from zones, got: map[{}]",
+            listed.join(" ")
+        ));
+    }
+    Ok(regions.into_iter().next().unwrap_or_default())
+}
+
+/// GCE PD's backward-compatible access modes (csi-translation-lib
+/// `backwardCompatibleAccessModes`): RWX counts as RWO (the in-tree plugin never enforced
+/// it); any RWO gives `[RWO]`, else ROX gives `[ROX]`, anything else (also an empty list)
+/// `[RWO]`. A missing list stays missing (the caller maps `None` to `None`).
 fn gce_backward_compatible_access_modes(modes: &[String]) -> Vec<String> {
     let has = |m: &str| modes.iter().any(|x| x == m);
     let rwo = has("ReadWriteOnce") || has("ReadWriteMany");
@@ -657,31 +765,496 @@ fn gce_backward_compatible_access_modes(modes: &[String]) -> Vec<String> {
     }
 }
 
-/// The EBS volume ID of an in-tree `volumeID`: `vol-…` as is, `aws://<zone>/vol-…` stripped.
-fn ebs_volume_id(id: &str) -> Result<String> {
-    let Some(rest) = id.strip_prefix("aws://") else {
+/// The EBS volume ID of an in-tree `volumeID` (csi-translation-lib
+/// `KubernetesVolumeIDToEBSVolumeID`): an ID not starting with `aws://` is kept as it is
+/// (even empty or malformed); otherwise it is parsed as a URL the way Go's `net/url.Parse`
+/// does, and the path, `/` trimmed on both sides, must be `vol-` followed by anything but `/`.
+fn ebs_volume_id(id: &str) -> Result<String, TranslationError> {
+    if !id.starts_with("aws://") {
         return Ok(id.to_owned());
-    };
-    // `rest` is `<zone>/<volume>`; the zone may be empty (`aws:///vol-…`).
-    let volume = rest
-        .split_once('/')
-        .map_or("", |(_, v)| v)
-        .trim_matches('/');
+    }
+    let path = go_url::parse_path(id)
+        .map_err(|e| TranslationError::EbsVolumeId(format!("Invalid disk name ({id}): {e}")))?;
+    let volume = path.trim_matches('/');
     if volume.starts_with("vol-") && !volume.contains('/') {
         Ok(volume.to_owned())
     } else {
-        Err(Error::InvalidEbsVolumeId { id: id.to_owned() })
+        Err(TranslationError::EbsVolumeId(format!(
+            "Invalid format for AWS volume ({id})"
+        )))
     }
 }
 
-/// The storage account named by an Azure File secret `azure-storage-account-<account>-secret`,
-/// or the secret name itself when it does not have that form.
-fn azure_storage_account(secret_name: &str) -> &str {
-    secret_name
-        .strip_prefix("azure-storage-account-")
-        .and_then(|s| s.strip_suffix("-secret"))
-        .filter(|a| !a.is_empty())
-        .unwrap_or(secret_name)
+/// The storage account named by an Azure File secret, as csi-translation-lib's unanchored
+/// regular expression `azure-storage-account-(.+)-secret` finds it: the leftmost
+/// `azure-storage-account-` that a match starts at, and the longest account after it (up to
+/// the last `-secret` before a newline, at least one character). `None` when nothing matches;
+/// the library then uses the whole secret name.
+fn azure_storage_account(secret_name: &str) -> Option<&str> {
+    let mut from = 0;
+    while let Some(found) = secret_name[from..].find(AZURE_FILE_SECRET_PREFIX) {
+        let start = from + found + AZURE_FILE_SECRET_PREFIX.len();
+        let rest = &secret_name[start..];
+        // `.` does not match a newline, so the account ends before the first one.
+        let line_end = rest.find('\n').unwrap_or(rest.len());
+        let last_suffix = rest[..(line_end + AZURE_FILE_SECRET_SUFFIX.len()).min(rest.len())]
+            .rfind(AZURE_FILE_SECRET_SUFFIX);
+        if let Some(end) = last_suffix.filter(|e| *e >= 1 && *e <= line_end) {
+            return Some(&rest[..end]);
+        }
+        from = from + found + 1;
+    }
+    None
+}
+
+/// What Go's `net/url.Parse` does with the `aws://…` EBS volume IDs, to get the same path and
+/// the same error texts as csi-translation-lib (which wraps them as `Invalid disk name`).
+/// Go 1.26 `net/url` and `net/netip` are the reference; only the parts an `aws://` URL reaches
+/// are here (scheme `aws`, so the `http(s)`-only colon rule does not apply).
+mod go_url {
+    /// The decoded path of `raw` (which starts with `aws://`), or the text of Go's `*url.Error`.
+    pub(super) fn parse_path(raw: &str) -> Result<String, String> {
+        // Parse cuts the fragment off first and checks it only after the rest parsed.
+        let (url, fragment) = raw
+            .split_once('#')
+            .map_or((raw, None), |(u, f)| (u, Some(f)));
+        let path = parse(url).map_err(|e| url_error(url, &e))?;
+        if let Some(fragment) = fragment.filter(|f| !f.is_empty()) {
+            unescape(fragment.as_bytes(), Mode::Other).map_err(|e| url_error(raw, &e))?;
+        }
+        Ok(path)
+    }
+
+    /// `*url.Error`'s text: `parse "<url>": <err>`.
+    fn url_error(url: &str, err: &str) -> String {
+        format!("parse {}: {err}", quote(url.as_bytes()))
+    }
+
+    fn parse(url: &str) -> Result<String, String> {
+        if url.bytes().any(|b| b < b' ' || b == 0x7f) {
+            return Err("net/url: invalid control character in URL".to_owned());
+        }
+        // The scheme is `aws`; what follows the `:` starts with `//`.
+        let rest = &url["aws:".len()..];
+        let rest = if rest.ends_with('?') && rest.matches('?').count() == 1 {
+            &rest[..rest.len() - 1]
+        } else {
+            rest.split_once('?').map_or(rest, |(r, _)| r)
+        };
+        let after = &rest[2..];
+        let (authority, path) = after
+            .find('/')
+            .map_or((after, ""), |i| (&after[..i], &after[i..]));
+        parse_authority(authority)?;
+        let path = unescape(path.as_bytes(), Mode::Other)?;
+        Ok(go_string(&path))
+    }
+
+    fn parse_authority(authority: &str) -> Result<(), String> {
+        let at = authority.rfind('@');
+        parse_host(at.map_or(authority, |i| &authority[i + 1..]))?;
+        let Some(i) = at else { return Ok(()) };
+        let userinfo = &authority[..i];
+        let valid = userinfo.chars().all(|c| {
+            c.is_ascii_alphanumeric()
+                || matches!(
+                    c,
+                    '-' | '.'
+                        | '_'
+                        | ':'
+                        | '~'
+                        | '!'
+                        | '$'
+                        | '&'
+                        | '\''
+                        | '('
+                        | ')'
+                        | '*'
+                        | '+'
+                        | ','
+                        | ';'
+                        | '='
+                        | '%'
+                        | '@'
+                )
+        });
+        if !valid {
+            return Err("net/url: invalid userinfo".to_owned());
+        }
+        let (user, password) = userinfo
+            .split_once(':')
+            .map_or((userinfo, None), |(u, p)| (u, Some(p)));
+        unescape(user.as_bytes(), Mode::Other)?;
+        if let Some(password) = password {
+            unescape(password.as_bytes(), Mode::Other)?;
+        }
+        Ok(())
+    }
+
+    fn parse_host(host: &str) -> Result<(), String> {
+        match host.rfind('[') {
+            Some(i) if i > 0 => Err("invalid IP-literal".to_owned()),
+            Some(_) => {
+                let close = host.rfind(']').ok_or("missing ']' in host")?;
+                let colon_port = &host[close + 1..];
+                if !valid_optional_port(colon_port) {
+                    return Err(format!(
+                        "invalid port {} after host",
+                        quote(colon_port.as_bytes())
+                    ));
+                }
+                // Before the `]`: an IPv6 address, maybe with a `%25`-introduced zone.
+                let name = &host[1..close];
+                let unescaped = match name.find("%25") {
+                    Some(z) => {
+                        let mut all = unescape(&name.as_bytes()[..z], Mode::Host)?;
+                        all.extend(unescape(&name.as_bytes()[z..], Mode::Zone)?);
+                        all
+                    }
+                    None => unescape(name.as_bytes(), Mode::Host)?,
+                };
+                match netip_parse(&unescaped) {
+                    Err(e) => Err(format!("invalid host: {e}")),
+                    Ok(IpKind::V4) => Err("invalid IP-literal".to_owned()),
+                    Ok(IpKind::V6) => Ok(()),
+                }
+            }
+            None => {
+                // Not http(s): the port starts at the last colon.
+                if let Some(i) = host.rfind(':')
+                    && !valid_optional_port(&host[i..])
+                {
+                    return Err(format!(
+                        "invalid port {} after host",
+                        quote(&host.as_bytes()[i..])
+                    ));
+                }
+                unescape(host.as_bytes(), Mode::Host).map(drop)
+            }
+        }
+    }
+
+    fn valid_optional_port(port: &str) -> bool {
+        port.is_empty()
+            || port
+                .strip_prefix(':')
+                .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()))
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mode {
+        Host,
+        Zone,
+        /// Path, userinfo and fragment: only `%` escapes are checked.
+        Other,
+    }
+
+    /// Bytes Go leaves unescaped in a host (`shouldEscape(c, encodeHost)` is false).
+    fn host_byte_ok(c: u8) -> bool {
+        c.is_ascii_alphanumeric() || b"!$&'()*+,;=:[]<>\"-_.~".contains(&c)
+    }
+
+    /// Go's `unescape`: checks every `%XY`, and in a host every plain ASCII byte; then decodes.
+    fn unescape(s: &[u8], mode: Mode) -> Result<Vec<u8>, String> {
+        let escape_error = |e: &[u8]| format!("invalid URL escape {}", quote(e));
+        let mut i = 0;
+        while i < s.len() {
+            match s[i] {
+                b'%' => {
+                    if i + 2 >= s.len()
+                        || !s[i + 1].is_ascii_hexdigit()
+                        || !s[i + 2].is_ascii_hexdigit()
+                    {
+                        return Err(escape_error(&s[i..(i + 3).min(s.len())]));
+                    }
+                    let seq = &s[i..i + 3];
+                    if mode == Mode::Host && unhex(s[i + 1]) < 8 && seq != b"%25" {
+                        return Err(escape_error(seq));
+                    }
+                    if mode == Mode::Zone {
+                        let v = unhex(s[i + 1]) << 4 | unhex(s[i + 2]);
+                        if seq != b"%25" && v != b' ' && !host_byte_ok(v) {
+                            return Err(escape_error(seq));
+                        }
+                    }
+                    i += 3;
+                }
+                c => {
+                    if matches!(mode, Mode::Host | Mode::Zone) && c < 0x80 && !host_byte_ok(c) {
+                        return Err(format!(
+                            "invalid character {} in host name",
+                            quote(&s[i..=i])
+                        ));
+                    }
+                    i += 1;
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(s.len());
+        let mut i = 0;
+        while i < s.len() {
+            if s[i] == b'%' {
+                out.push(unhex(s[i + 1]) << 4 | unhex(s[i + 2]));
+                i += 3;
+            } else {
+                out.push(s[i]);
+                i += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    fn unhex(c: u8) -> u8 {
+        match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => c - b'A' + 10,
+        }
+    }
+
+    /// Bytes as Go shows a string in JSON: invalid UTF-8 bytes each become U+FFFD (a `%`-decoded
+    /// path may hold any byte).
+    fn go_string(bytes: &[u8]) -> String {
+        let mut out = String::with_capacity(bytes.len());
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            match std::str::from_utf8(rest) {
+                Ok(s) => {
+                    out.push_str(s);
+                    break;
+                }
+                Err(e) => {
+                    let (valid, after) = rest.split_at(e.valid_up_to());
+                    out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                    out.push(char::REPLACEMENT_CHARACTER);
+                    rest = &after[1..];
+                }
+            }
+        }
+        out
+    }
+
+    /// Go's `strconv.Quote` (and `%q`). Non-ASCII runes count as printable unless they are
+    /// control, space-like or format characters; exact for ASCII, which is what IDs hold.
+    pub(super) fn quote(bytes: &[u8]) -> String {
+        let mut out = String::from("\"");
+        let mut rest = bytes;
+        while let Some(&first) = rest.first() {
+            let (c, len) = match std::str::from_utf8(&rest[..utf8_len(first).min(rest.len())]) {
+                Ok(s) if first >= 0x80 => (s.chars().next(), s.len()),
+                _ => (None, 1),
+            };
+            match c {
+                None if first < 0x80 => match first {
+                    b'"' => out.push_str("\\\""),
+                    b'\\' => out.push_str("\\\\"),
+                    0x07 => out.push_str("\\a"),
+                    0x08 => out.push_str("\\b"),
+                    0x0c => out.push_str("\\f"),
+                    b'\n' => out.push_str("\\n"),
+                    b'\r' => out.push_str("\\r"),
+                    b'\t' => out.push_str("\\t"),
+                    0x0b => out.push_str("\\v"),
+                    b' '..=b'~' => out.push(first as char),
+                    _ => out.push_str(&format!("\\x{first:02x}")),
+                },
+                None => out.push_str(&format!("\\x{first:02x}")),
+                Some(c) if printable(c) => out.push(c),
+                Some(c) if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                Some(c) => out.push_str(&format!("\\U{:08x}", c as u32)),
+            }
+            rest = &rest[len..];
+        }
+        out.push('"');
+        out
+    }
+
+    fn utf8_len(first: u8) -> usize {
+        match first {
+            0xc0..=0xdf => 2,
+            0xe0..=0xef => 3,
+            0xf0..=0xf7 => 4,
+            _ => 1,
+        }
+    }
+
+    /// Go's `unicode.IsPrint` for non-ASCII runes, without the tables: false for control
+    /// (Cc), space (Z*), the common format (Cf) and the private-use characters.
+    fn printable(c: char) -> bool {
+        let u = c as u32;
+        !(c.is_control()
+            || c.is_whitespace()
+            || matches!(u, 0xad | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x180e)
+            || matches!(u, 0x200b..=0x200f | 0x202a..=0x202e | 0x2060..=0x206f)
+            || matches!(u, 0xfeff | 0xfff9..=0xfffb | 0xe000..=0xf8ff | 0xf0000..)
+            || u == 0xa0)
+    }
+
+    enum IpKind {
+        V4,
+        V6,
+    }
+
+    /// Go's `netip.ParseAddr`: which kind of address `s` is, or the error text.
+    fn netip_parse(s: &[u8]) -> Result<IpKind, String> {
+        let error = |msg: &str, at: Option<&[u8]>| match at.filter(|a| !a.is_empty()) {
+            Some(at) => format!("ParseAddr({}): {msg} (at {})", quote(s), quote(at)),
+            None => format!("ParseAddr({}): {msg}", quote(s)),
+        };
+        for &c in s {
+            match c {
+                b'.' => {
+                    return ipv4_fields(s, s, &mut [0; 4])
+                        .map(|()| IpKind::V4)
+                        .map_err(|(m, at)| error(m, at));
+                }
+                b':' => {
+                    return parse_ipv6(s)
+                        .map(|()| IpKind::V6)
+                        .map_err(|(m, at)| error(m, at));
+                }
+                b'%' => return Err(error("missing IPv6 address", None)),
+                _ => {}
+            }
+        }
+        Err(error("unable to parse IP", None))
+    }
+
+    type AddrError<'a> = (&'static str, Option<&'a [u8]>);
+
+    /// `parseIPv4Fields` over `s` (a part of the whole input).
+    fn ipv4_fields<'a>(_whole: &[u8], s: &'a [u8], fields: &mut [u8]) -> Result<(), AddrError<'a>> {
+        let (mut val, mut pos, mut digits) = (0u32, 0usize, 0usize);
+        for i in 0..s.len() {
+            let c = s[i];
+            if c.is_ascii_digit() {
+                if digits == 1 && val == 0 {
+                    return Err(("IPv4 field has octet with leading zero", None));
+                }
+                val = val * 10 + u32::from(c - b'0');
+                digits += 1;
+                if val > 255 {
+                    return Err(("IPv4 field has value >255", None));
+                }
+            } else if c == b'.' {
+                if i == 0 || i == s.len() - 1 || s[i - 1] == b'.' {
+                    return Err(("IPv4 field must have at least one digit", Some(&s[i..])));
+                }
+                if pos == 3 {
+                    return Err(("IPv4 address too long", None));
+                }
+                fields[pos] = val as u8;
+                pos += 1;
+                val = 0;
+                digits = 0;
+            } else {
+                return Err(("unexpected character", Some(&s[i..])));
+            }
+        }
+        if pos < 3 {
+            return Err(("IPv4 address too short", None));
+        }
+        fields[3] = val as u8;
+        Ok(())
+    }
+
+    /// `parseIPv6`: only whether it parses (the address itself is not needed).
+    fn parse_ipv6(input: &[u8]) -> Result<(), AddrError<'_>> {
+        let mut s = input;
+        let mut zone: &[u8] = &[];
+        if let Some(i) = s.iter().position(|&c| c == b'%') {
+            zone = &input[i + 1..];
+            s = &input[..i];
+            if zone.is_empty() {
+                return Err(("zone must be a non-empty string", None));
+            }
+        }
+        let mut ellipsis: Option<usize> = None;
+        if s.len() >= 2 && s[0] == b':' && s[1] == b':' {
+            ellipsis = Some(0);
+            s = &s[2..];
+            if s.is_empty() {
+                return Ok(());
+            }
+        }
+        let mut i = 0;
+        while i < 16 {
+            let mut off = 0;
+            let mut acc = 0u32;
+            while off < s.len() {
+                let c = s[off];
+                let Some(d) = (c as char).to_digit(16) else {
+                    break;
+                };
+                acc = (acc << 4) + d;
+                if off > 3 {
+                    return Err(("each group must have 4 or less digits", Some(s)));
+                }
+                if acc > 0xffff {
+                    return Err(("IPv6 field has value >=2^16", Some(s)));
+                }
+                off += 1;
+            }
+            if off == 0 {
+                return Err((
+                    "each colon-separated field must have at least one digit",
+                    Some(s),
+                ));
+            }
+            if off < s.len() && s[off] == b'.' {
+                if ellipsis.is_none() && i != 12 {
+                    return Err((
+                        "embedded IPv4 address must replace the final 2 fields of the address",
+                        Some(s),
+                    ));
+                }
+                if i + 4 > 16 {
+                    return Err((
+                        "too many hex fields to fit an embedded IPv4 at the end of the address",
+                        Some(s),
+                    ));
+                }
+                let end = if zone.is_empty() {
+                    input.len()
+                } else {
+                    input.len() - zone.len() - 1
+                };
+                ipv4_fields(input, &input[end - s.len()..end], &mut [0; 4])?;
+                s = &[];
+                i += 4;
+                break;
+            }
+            i += 2;
+            s = &s[off..];
+            if s.is_empty() {
+                break;
+            }
+            if s[0] != b':' {
+                return Err(("unexpected character, want colon", Some(s)));
+            } else if s.len() == 1 {
+                return Err(("colon must be followed by more characters", Some(s)));
+            }
+            s = &s[1..];
+            if s[0] == b':' {
+                if ellipsis.is_some() {
+                    return Err(("multiple :: in address", Some(s)));
+                }
+                ellipsis = Some(i);
+                s = &s[1..];
+                if s.is_empty() {
+                    break;
+                }
+            }
+        }
+        if !s.is_empty() {
+            return Err(("trailing garbage after address", Some(s)));
+        }
+        match (i < 16, ellipsis) {
+            (true, None) => Err(("address string too short", None)),
+            (false, Some(_)) => Err(("the :: must expand to at least one field of zeros", None)),
+            _ => Ok(()),
+        }
+    }
 }
 
 // === VolumeAttachment patches ===
@@ -1389,11 +1962,15 @@ mod tests {
             ok,
             Volume {
                 spec: csi_spec(&["ReadWriteOnce"]),
-                migrated: false
+                migrated: false,
+                inline: false,
             }
         );
+        assert!(!ok.repairs_handle());
+        // An inline spec is used as it is: not counted as migrated (external-attacher's
+        // markAsMigrated(ctx, false)), but its handle is repaired by the reconciler.
         let ok = volume_source(&inline(true), lookup).expect("inline");
-        assert!(ok.migrated);
+        assert!(!ok.migrated && ok.inline && ok.repairs_handle());
         assert_eq!(ok.csi().map(|c| c.volume_handle.as_str()), Ok("handle"));
 
         let cases = [
@@ -1446,75 +2023,123 @@ mod tests {
         pv
     }
 
-    #[test]
-    fn in_tree_volumes_translate_to_their_migration_driver() {
-        let gce = |partition| PersistentVolumeSpec {
-            gce_persistent_disk: Some(GCEPersistentDiskVolumeSource {
-                pd_name: "disk-1".into(),
-                fs_type: Some("ext4".into()),
-                partition,
-                read_only: Some(true),
+    fn with_claim_namespace(mut pv: PersistentVolume, ns: &str) -> PersistentVolume {
+        if let Some(spec) = pv.spec.as_mut() {
+            spec.claim_ref = Some(k8s_openapi::api::core::v1::ObjectReference {
+                name: Some("claim".into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            });
+        }
+        pv
+    }
+
+    /// The translated CSI source, or the error text.
+    fn translated(pv: &PersistentVolume) -> Result<CSIPersistentVolumeSource, String> {
+        let volume = pv_volume(pv).map_err(|e| e.to_string())?;
+        assert!(volume.migrated && !volume.inline && volume.repairs_handle());
+        volume.csi().cloned().map_err(|e| e.to_string())
+    }
+
+    fn attrs(pv: &PersistentVolume) -> BTreeMap<String, String> {
+        translated(pv)
+            .expect("translates")
+            .volume_attributes
+            .unwrap_or_default()
+    }
+
+    fn gce_pv(partition: Option<i32>, labels: &[(&str, &str)]) -> PersistentVolume {
+        with_labels(
+            in_tree(PersistentVolumeSpec {
+                gce_persistent_disk: Some(GCEPersistentDiskVolumeSource {
+                    pd_name: "disk-1".into(),
+                    fs_type: Some("ext4".into()),
+                    partition,
+                    read_only: Some(true),
+                }),
+                ..PersistentVolumeSpec::default()
             }),
-            ..PersistentVolumeSpec::default()
-        };
-        let ebs = |id: &str| PersistentVolumeSpec {
+            labels,
+        )
+    }
+
+    fn ebs_pv(id: &str, partition: Option<i32>) -> PersistentVolume {
+        in_tree(PersistentVolumeSpec {
             aws_elastic_block_store: Some(AWSElasticBlockStoreVolumeSource {
                 volume_id: id.into(),
                 fs_type: Some("xfs".into()),
-                partition: Some(2),
+                partition,
                 read_only: None,
             }),
             ..PersistentVolumeSpec::default()
-        };
-        let azure_disk = PersistentVolumeSpec {
+        })
+    }
+
+    fn azure_disk_pv(kind: Option<&str>, caching: Option<&str>) -> PersistentVolume {
+        in_tree(PersistentVolumeSpec {
             azure_disk: Some(AzureDiskVolumeSource {
                 disk_name: "d".into(),
                 disk_uri: "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks/d"
                     .into(),
-                caching_mode: Some("ReadOnly".into()),
+                caching_mode: caching.map(Into::into),
                 fs_type: Some("ext4".into()),
-                kind: Some("Managed".into()),
-                read_only: Some(false),
+                kind: kind.map(Into::into),
+                read_only: Some(true),
             }),
             ..PersistentVolumeSpec::default()
-        };
-        let azure_file = |secret: &str, ns: Option<&str>| PersistentVolumeSpec {
+        })
+    }
+
+    fn azure_file_pv(secret: &str, ns: Option<&str>) -> PersistentVolume {
+        in_tree(PersistentVolumeSpec {
             azure_file: Some(AzureFilePersistentVolumeSource {
                 secret_name: secret.into(),
                 secret_namespace: ns.map(Into::into),
                 share_name: "share".into(),
-                read_only: None,
-            }),
-            ..PersistentVolumeSpec::default()
-        };
-        let cinder = PersistentVolumeSpec {
-            cinder: Some(CinderPersistentVolumeSource {
-                volume_id: "c-1".into(),
-                fs_type: Some("ext4".into()),
-                ..CinderPersistentVolumeSource::default()
-            }),
-            ..PersistentVolumeSpec::default()
-        };
-        let vsphere = PersistentVolumeSpec {
-            vsphere_volume: Some(VsphereVirtualDiskVolumeSource {
-                volume_path: "[ds] kubevols/v.vmdk".into(),
-                storage_policy_name: Some("gold".into()),
-                fs_type: Some("ext4".into()),
-                ..VsphereVirtualDiskVolumeSource::default()
-            }),
-            ..PersistentVolumeSpec::default()
-        };
-        let portworx = PersistentVolumeSpec {
-            portworx_volume: Some(PortworxVolumeSource {
-                volume_id: "px-1".into(),
-                fs_type: None,
                 read_only: Some(true),
             }),
             ..PersistentVolumeSpec::default()
+        })
+    }
+
+    fn portworx_pv() -> PersistentVolume {
+        in_tree(PersistentVolumeSpec {
+            portworx_volume: Some(PortworxVolumeSource {
+                volume_id: "px-1".into(),
+                fs_type: Some("ext4".into()),
+                read_only: Some(true),
+            }),
+            ..PersistentVolumeSpec::default()
+        })
+    }
+
+    const GA_ZONE: &str = "topology.kubernetes.io/zone";
+    const BETA_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
+    const TRANSLATE: &str = "failed to translate in tree pv to CSI: ";
+
+    #[test]
+    fn in_tree_volumes_translate_to_their_migration_driver() {
+        let cinder = in_tree(PersistentVolumeSpec {
+            cinder: Some(CinderPersistentVolumeSource {
+                volume_id: "c-1".into(),
+                fs_type: Some("ext4".into()),
+                read_only: Some(true),
+                ..CinderPersistentVolumeSource::default()
+            }),
+            ..PersistentVolumeSpec::default()
+        });
+        let vsphere = |policy: &str| {
+            in_tree(PersistentVolumeSpec {
+                vsphere_volume: Some(VsphereVirtualDiskVolumeSource {
+                    volume_path: "[ds] kubevols/v.vmdk".into(),
+                    storage_policy_name: Some(policy.into()),
+                    fs_type: Some("ext4".into()),
+                    ..VsphereVirtualDiskVolumeSource::default()
+                }),
+                ..PersistentVolumeSpec::default()
+            })
         };
-        let zone = "topology.kubernetes.io/zone";
-        let beta = "failure-domain.beta.kubernetes.io/zone";
-        // (case, pv, driver, handle, attributes, fsType)
+        // (case, pv, driver, handle, attributes, fsType, readOnly)
         type Case<'a> = (
             &'a str,
             PersistentVolume,
@@ -1522,127 +2147,98 @@ mod tests {
             &'a str,
             BTreeMap<String, String>,
             Option<&'a str>,
+            Option<bool>,
         );
         let cases: Vec<Case<'_>> = vec![
             (
                 "gce zonal",
-                with_labels(in_tree(gce(None)), &[(zone, "us-central1-a")]),
+                gce_pv(Some(3), &[(GA_ZONE, "us-central1-a")]),
                 "pd.csi.storage.gke.io",
                 "projects/UNSPECIFIED/zones/us-central1-a/disks/disk-1",
-                map(&[]),
+                map(&[("partition", "3")]),
                 Some("ext4"),
-            ),
-            (
-                "gce beta label",
-                with_labels(in_tree(gce(Some(0))), &[(beta, "europe-west1-b")]),
-                "pd.csi.storage.gke.io",
-                "projects/UNSPECIFIED/zones/europe-west1-b/disks/disk-1",
-                map(&[]),
-                Some("ext4"),
+                Some(true),
             ),
             (
                 "gce regional",
-                with_labels(
-                    in_tree(gce(Some(3))),
-                    &[(zone, "us-central1-a__us-central1-c")],
-                ),
+                gce_pv(None, &[(GA_ZONE, "us-central1-a__us-central1-c")]),
                 "pd.csi.storage.gke.io",
                 "projects/UNSPECIFIED/regions/us-central1/disks/disk-1",
-                map(&[("partition", "3")]),
+                map(&[("partition", "")]),
                 Some("ext4"),
-            ),
-            (
-                "gce without zone",
-                in_tree(gce(None)),
-                "pd.csi.storage.gke.io",
-                "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/disk-1",
-                map(&[]),
-                Some("ext4"),
+                Some(true),
             ),
             (
                 "ebs with zone url",
-                in_tree(ebs("aws://us-east-1a/vol-0123")),
+                ebs_pv("aws://us-east-1a/vol-0123", Some(2)),
                 "ebs.csi.aws.com",
                 "vol-0123",
                 map(&[("partition", "2")]),
                 Some("xfs"),
-            ),
-            (
-                "ebs with empty zone",
-                in_tree(ebs("aws:///vol-0123")),
-                "ebs.csi.aws.com",
-                "vol-0123",
-                map(&[("partition", "2")]),
-                Some("xfs"),
-            ),
-            (
-                "ebs bare id",
-                in_tree(ebs("vol-0123")),
-                "ebs.csi.aws.com",
-                "vol-0123",
-                map(&[("partition", "2")]),
-                Some("xfs"),
+                None,
             ),
             (
                 "azure disk",
-                in_tree(azure_disk),
+                azure_disk_pv(Some("Managed"), Some("ReadOnly")),
                 "disk.csi.azure.com",
                 "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks/d",
                 map(&[
-                    ("cachingMode", "ReadOnly"),
-                    ("fsType", "ext4"),
+                    ("cachingmode", "ReadOnly"),
+                    ("fstype", "ext4"),
                     ("kind", "Managed"),
                 ]),
                 Some("ext4"),
+                Some(true),
             ),
             (
                 "azure file",
-                in_tree(azure_file("azure-storage-account-acct-secret", Some("ns"))),
+                azure_file_pv("azure-storage-account-acct-secret", Some("ns")),
                 "file.csi.azure.com",
-                "#acct#share##ns",
+                "#acct#share#in-tree#ns",
                 map(&[("sharename", "share")]),
                 None,
-            ),
-            (
-                "azure file, other secret, rg annotation",
-                annotated_pv(
-                    in_tree(azure_file("mysecret", None)),
-                    "kubernetes.io/azure-file-resource-group",
-                    "rg",
-                ),
-                "file.csi.azure.com",
-                "rg#mysecret#share##default",
-                map(&[("sharename", "share")]),
-                None,
+                Some(true),
             ),
             (
                 "cinder",
-                in_tree(cinder),
+                cinder,
                 "cinder.csi.openstack.org",
                 "c-1",
                 map(&[]),
                 Some("ext4"),
+                Some(true),
             ),
             (
                 "vsphere",
-                in_tree(vsphere),
+                vsphere("gold"),
                 "csi.vsphere.vmware.com",
                 "[ds] kubevols/v.vmdk",
                 map(&[("storagepolicyname", "gold")]),
                 Some("ext4"),
+                None,
+            ),
+            (
+                "vsphere with empty policy",
+                vsphere(""),
+                "csi.vsphere.vmware.com",
+                "[ds] kubevols/v.vmdk",
+                map(&[]),
+                Some("ext4"),
+                None,
             ),
             (
                 "portworx",
-                in_tree(portworx),
+                portworx_pv(),
                 "pxd.portworx.com",
                 "px-1",
                 map(&[]),
+                Some("ext4"),
                 None,
             ),
         ];
-        for (name, pv, driver, handle, attrs, fs) in cases {
+        for (name, pv, driver, handle, attributes, fs, ro) in cases {
             let vol = pv_volume(&pv).expect(name);
-            assert!(vol.migrated, "{name}");
+            assert!(vol.migrated && !vol.inline, "{name}");
             assert!(
                 InTreePlugin::of(&vol.spec).is_none(),
                 "{name}: in-tree source cleared"
@@ -1650,8 +2246,9 @@ mod tests {
             let csi = vol.csi().expect(name);
             assert_eq!(csi.driver, driver, "{name}");
             assert_eq!(csi.volume_handle, handle, "{name}");
-            assert_eq!(csi.volume_attributes.as_ref(), Some(&attrs), "{name}");
+            assert_eq!(csi.volume_attributes.as_ref(), Some(&attributes), "{name}");
             assert_eq!(csi.fs_type.as_deref(), fs, "{name}");
+            assert_eq!(csi.read_only, ro, "{name}");
             assert!(is_migratable_in_tree(&pv, driver), "{name}");
             assert!(is_migration_driver(driver), "{name}");
             assert!(!is_migratable_in_tree(&pv, DRIVER), "{name}");
@@ -1659,43 +2256,101 @@ mod tests {
     }
 
     #[test]
-    fn translated_volumes_keep_read_only_and_secrets() {
-        let gce = in_tree(PersistentVolumeSpec {
-            gce_persistent_disk: Some(GCEPersistentDiskVolumeSource {
-                pd_name: "d".into(),
-                read_only: Some(true),
-                ..GCEPersistentDiskVolumeSource::default()
-            }),
-            ..PersistentVolumeSpec::default()
-        });
-        let vol = pv_volume(&gce).expect("gce");
-        assert_eq!(vol.csi().map(|c| c.read_only), Ok(Some(true)));
-        let file = in_tree(PersistentVolumeSpec {
-            azure_file: Some(AzureFilePersistentVolumeSource {
-                secret_name: "azure-storage-account-acct-secret".into(),
-                share_name: "s".into(),
-                ..AzureFilePersistentVolumeSource::default()
-            }),
-            ..PersistentVolumeSpec::default()
-        });
-        let vol = pv_volume(&file).expect("azure file");
+    fn gce_partition_zero_gives_an_empty_attribute_and_ebs_partition_zero_gives_0() {
+        // csi-translation-lib: GCE formats only a non-zero partition, EBS always formats it.
+        for partition in [None, Some(0)] {
+            assert_eq!(
+                attrs(&gce_pv(partition, &[])),
+                map(&[("partition", "")]),
+                "{partition:?}"
+            );
+            assert_eq!(
+                attrs(&ebs_pv("vol-1", partition)),
+                map(&[("partition", "0")]),
+                "{partition:?}"
+            );
+        }
+        assert_eq!(attrs(&gce_pv(Some(-1), &[])), map(&[("partition", "-1")]));
         assert_eq!(
-            vol.csi().map(|c| c.node_stage_secret_ref.clone()),
-            Ok(Some(SecretReference {
-                name: Some("azure-storage-account-acct-secret".into()),
-                namespace: Some("default".into()),
-            }))
+            attrs(&ebs_pv("vol-1", Some(15))),
+            map(&[("partition", "15")])
+        );
+    }
+
+    #[test]
+    fn gce_zone_comes_from_the_beta_label_first() {
+        let handle =
+            |labels: &[(&str, &str)]| translated(&gce_pv(None, labels)).map(|c| c.volume_handle);
+        let zonal = |z: &str| Ok(format!("projects/UNSPECIFIED/zones/{z}/disks/disk-1"));
+        // Both labels, disagreeing: the beta one wins.
+        assert_eq!(
+            handle(&[(BETA_ZONE, "europe-west1-b"), (GA_ZONE, "us-central1-a")]),
+            zonal("europe-west1-b")
+        );
+        assert_eq!(
+            handle(&[
+                (BETA_ZONE, "us-central1-a__us-central1-b"),
+                (GA_ZONE, "x__y")
+            ]),
+            Ok("projects/UNSPECIFIED/regions/us-central1/disks/disk-1".to_owned())
+        );
+        // An empty beta label falls back to the GA one; no usable label gives UNSPECIFIED.
+        assert_eq!(
+            handle(&[(BETA_ZONE, ""), (GA_ZONE, "us-central1-a")]),
+            zonal("us-central1-a")
+        );
+        assert_eq!(handle(&[(GA_ZONE, "")]), zonal("UNSPECIFIED"));
+        assert_eq!(handle(&[]), zonal("UNSPECIFIED"));
+        // One zone is taken as it is, however it looks.
+        assert_eq!(handle(&[(GA_ZONE, "zone")]), zonal("zone"));
+    }
+
+    #[test]
+    fn gce_regional_labels_need_zones_of_one_region() {
+        let handle =
+            |zones: &str| translated(&gce_pv(None, &[(GA_ZONE, zones)])).map(|c| c.volume_handle);
+        let region_error = |reason: &str| {
+            Err(format!(
+                "{TRANSLATE}failed to get region from zones: {reason}"
+            ))
+        };
+        let format_error = |zone: &str| {
+            region_error(&format!(
+                "zone in unexpected format, expected: {{locale}}-{{region}}-{{zone}}, got: {zone}"
+            ))
+        };
+        assert_eq!(
+            handle("us-central1-a__us-central1-a"),
+            Ok("projects/UNSPECIFIED/regions/us-central1/disks/disk-1".to_owned())
+        );
+        // Empty parts are zones too (and malformed ones).
+        assert_eq!(handle("us-central1-a__"), format_error(""));
+        assert_eq!(handle("__"), format_error(""));
+        assert_eq!(handle("a-b-c__a-b"), format_error("a-b"));
+        assert_eq!(
+            handle("us-central1-a___us-central1-b"),
+            region_error(
+                "multiple or no regions gotten from zones, got: map[_us-central1:{} us-central1:{}]"
+            )
+        );
+        assert_eq!(
+            handle("us-east1-b__europe-west1-b__asia-x-y"),
+            region_error(
+                "multiple or no regions gotten from zones, got: map[asia-x:{} europe-west1:{} us-east1:{}]"
+            )
         );
     }
 
     #[test]
     fn gce_access_modes_are_made_backward_compatible() {
-        let cases: [(&[&str], &[&str]); 5] = [
+        let cases: [(&[&str], &[&str]); 7] = [
             (&["ReadWriteMany"], &["ReadWriteOnce"]),
             (&["ReadWriteOnce", "ReadOnlyMany"], &["ReadWriteOnce"]),
             (&["ReadOnlyMany"], &["ReadOnlyMany"]),
             (&["ReadWriteOnce"], &["ReadWriteOnce"]),
             (&["ReadWriteMany", "ReadOnlyMany"], &["ReadWriteOnce"]),
+            (&["ReadWriteOncePod"], &["ReadWriteOnce"]),
+            (&[], &["ReadWriteOnce"]),
         ];
         for (input, want) in cases {
             assert_eq!(
@@ -1704,32 +2359,234 @@ mod tests {
                 "{input:?}"
             );
         }
+        // A missing list stays missing.
+        let mut pv = gce_pv(None, &[]);
+        pv.spec.as_mut().expect("spec").access_modes = None;
+        assert_eq!(pv_volume(&pv).expect("gce").spec.access_modes, None);
     }
 
     #[test]
-    fn untranslatable_in_tree_volumes_fail_with_a_translation_error() {
-        let ebs = in_tree(PersistentVolumeSpec {
-            aws_elastic_block_store: Some(AWSElasticBlockStoreVolumeSource {
-                volume_id: "aws://zone/not-a-volume".into(),
-                ..AWSElasticBlockStoreVolumeSource::default()
-            }),
-            ..PersistentVolumeSpec::default()
-        });
+    fn ebs_volume_ids_are_parsed_as_go_parses_urls() {
+        let handle = |id: &str| translated(&ebs_pv(id, None)).map(|c| c.volume_handle);
+        let ok = |h: &str| Ok(h.to_owned());
+        let invalid = |id: &str| {
+            Err(format!(
+                "{TRANSLATE}failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume ({id})"
+            ))
+        };
+        let bad_url = |id: &str, url: &str, reason: &str| {
+            Err(format!(
+                "{TRANSLATE}failed to translate Kubernetes ID to EBS Volume ID Invalid disk name ({id}): parse \"{url}\": {reason}"
+            ))
+        };
+        // Without the (case-sensitive) `aws://` prefix the ID is kept, even when malformed.
+        assert_eq!(handle("vol-0123"), ok("vol-0123"));
+        assert_eq!(handle(""), ok(""));
+        assert_eq!(handle("AWS://z/vol-1"), ok("AWS://z/vol-1"));
+        assert_eq!(handle("aws:/z/vol-1"), ok("aws:/z/vol-1"));
+        // The path is decoded and trimmed of `/`; query and fragment are dropped.
+        assert_eq!(handle("aws://us-east-1a/vol-0123"), ok("vol-0123"));
+        assert_eq!(handle("aws:///vol-0123"), ok("vol-0123"));
+        assert_eq!(handle("aws://z//vol-1//"), ok("vol-1"));
+        assert_eq!(handle("aws://z/vol-%41b"), ok("vol-Ab"));
+        assert_eq!(handle("aws://z/vol-%E6%97%A5"), ok("vol-日"));
+        assert_eq!(handle("aws://z/vol-1?x=1#f"), ok("vol-1"));
+        assert_eq!(handle("aws://user:pw@z:80/vol-1"), ok("vol-1"));
+        assert_eq!(handle("aws://[fe80::1%25eth0]:80/vol-1"), ok("vol-1"));
+        // The path must be one `vol-` segment.
+        assert_eq!(handle("aws://vol-0123"), invalid("aws://vol-0123"));
+        assert_eq!(handle("aws://z/x/vol-1"), invalid("aws://z/x/vol-1"));
+        assert_eq!(handle("aws://z/vol-a%2Fb"), invalid("aws://z/vol-a%2Fb"));
+        // URL errors carry Go's texts.
+        let id = "aws://us east/vol-1";
         assert_eq!(
-            pv_volume(&ebs).map_err(|e| e.to_string()),
-            Err("failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume (aws://zone/not-a-volume)".to_owned())
+            handle(id),
+            bad_url(id, id, "invalid character \" \" in host name")
         );
-        let gce = with_labels(
-            in_tree(PersistentVolumeSpec {
-                gce_persistent_disk: Some(GCEPersistentDiskVolumeSource {
-                    pd_name: "d".into(),
-                    ..GCEPersistentDiskVolumeSource::default()
-                }),
-                ..PersistentVolumeSpec::default()
-            }),
-            &[("topology.kubernetes.io/zone", "us-east1-b__europe-west1-b")],
+        let id = "aws://z/vol-%zz";
+        assert_eq!(handle(id), bad_url(id, id, "invalid URL escape \"%zz\""));
+        let id = "aws://z/vol-1\t";
+        assert_eq!(
+            handle(id),
+            bad_url(
+                id,
+                "aws://z/vol-1\\t",
+                "net/url: invalid control character in URL"
+            )
         );
-        assert!(matches!(pv_volume(&gce), Err(Error::GceRegion { .. })));
+        // The fragment is checked last, and the error then names the whole ID.
+        let id = "aws://z/vol-1#%zz";
+        assert_eq!(handle(id), bad_url(id, id, "invalid URL escape \"%zz\""));
+        let id = "aws://%41/vol-1";
+        assert_eq!(handle(id), bad_url(id, id, "invalid URL escape \"%41\""));
+        let id = "aws://z:x/vol-1";
+        assert_eq!(
+            handle(id),
+            bad_url(id, id, "invalid port \":x\" after host")
+        );
+        let id = "aws://u|s@z/vol-1";
+        assert_eq!(handle(id), bad_url(id, id, "net/url: invalid userinfo"));
+        let id = "aws://[10.0.0.1]/vol-1";
+        assert_eq!(handle(id), bad_url(id, id, "invalid IP-literal"));
+        let id = "aws://[::1/vol-1";
+        assert_eq!(handle(id), bad_url(id, id, "missing ']' in host"));
+        let id = "aws://[1::2::3]/vol-1";
+        assert_eq!(
+            handle(id),
+            bad_url(
+                id,
+                id,
+                "invalid host: ParseAddr(\"1::2::3\"): multiple :: in address (at \":3\")"
+            )
+        );
+    }
+
+    #[test]
+    fn go_quote_escapes_like_strconv_quote() {
+        use super::go_url::quote;
+        assert_eq!(quote(b"a\"b\\c"), r#""a\"b\\c""#);
+        assert_eq!(quote(b"\t\n\x07\x7f\x01"), r#""\t\n\a\x7f\x01""#);
+        assert_eq!(quote("é日".as_bytes()), "\"é日\"");
+        assert_eq!(quote("\u{a0}\u{85}".as_bytes()), r#""\u00a0\u0085""#);
+        assert_eq!(quote(b"%\xe6"), r#""%\xe6""#);
+    }
+
+    #[test]
+    fn azure_disks_migrate_only_when_managed() {
+        // The API server defaults a missing kind to Shared, which is refused.
+        for kind in ["Shared", "Dedicated", "", "bogus"] {
+            assert_eq!(
+                translated(&azure_disk_pv(Some(kind), None)).map(|_| ()),
+                Err(format!(
+                    "{TRANSLATE}kind({kind}) is not supported in csi migration"
+                )),
+                "{kind}"
+            );
+        }
+        for kind in [None, Some("Managed"), Some("managed"), Some("MANAGED")] {
+            assert_eq!(
+                attrs(&azure_disk_pv(kind, None)),
+                map(&[("fstype", "ext4"), ("kind", "Managed")]),
+                "{kind:?}"
+            );
+        }
+        // Every caching mode is passed on, also an empty one.
+        for caching in ["None", "ReadOnly", "ReadWrite", ""] {
+            assert_eq!(
+                attrs(&azure_disk_pv(None, Some(caching)))
+                    .get("cachingmode")
+                    .map(String::as_str),
+                Some(caching)
+            );
+        }
+    }
+
+    #[test]
+    fn azure_file_handles_name_the_pv_and_the_secret_namespace() {
+        let file = |secret: &str, ns: Option<&str>| translated(&azure_file_pv(secret, ns));
+        let csi = file("azure-storage-account-acct-secret", Some("ns")).expect("translates");
+        assert_eq!(csi.volume_handle, "#acct#share#in-tree#ns");
+        // The node-stage secret is the in-tree one, in the secret namespace.
+        assert_eq!(
+            csi.node_stage_secret_ref,
+            Some(SecretReference {
+                name: Some("azure-storage-account-acct-secret".into()),
+                namespace: Some("ns".into()),
+            })
+        );
+        // Without secretNamespace, the claim's namespace; an empty secretNamespace is refused.
+        let claimed = with_claim_namespace(azure_file_pv("mysecret", None), "claim-ns");
+        let csi = translated(&annotated_pv(
+            claimed,
+            "kubernetes.io/azure-file-resource-group",
+            "rg",
+        ))
+        .expect("translates");
+        assert_eq!(csi.volume_handle, "rg#mysecret#share#in-tree#claim-ns");
+        assert_eq!(
+            csi.node_stage_secret_ref.and_then(|s| s.name).as_deref(),
+            Some("mysecret")
+        );
+        let refused = Err(format!(
+            "{TRANSLATE}could not find a secret namespace in PersistentVolumeSource or ClaimRef"
+        ));
+        assert_eq!(file("mysecret", None).map(|_| ()), refused);
+        let explicit_empty = with_claim_namespace(azure_file_pv("mysecret", Some("")), "claim-ns");
+        assert_eq!(translated(&explicit_empty).map(|_| ()), refused);
+    }
+
+    #[test]
+    fn azure_file_accounts_follow_the_library_regular_expression() {
+        let cases = [
+            ("azure-storage-account-acct-secret", Some("acct")),
+            ("xazure-storage-account-acct-secretx", Some("acct")),
+            (
+                "azure-storage-account-a-secret-b-secret",
+                Some("a-secret-b"),
+            ),
+            ("azure-storage-account---secret", Some("-")),
+            ("azure-storage-account--secret", None),
+            ("azure-storage-account-acct", None),
+            (
+                "azure-storage-account-azure-storage-account-x-secret",
+                Some("azure-storage-account-x"),
+            ),
+            // `.` does not match a newline.
+            ("azure-storage-account-a\nb-secret", None),
+            ("azure-storage-account-a-secret\n-secret", Some("a")),
+            (
+                "azure-storage-account-\nazure-storage-account-b-secret",
+                Some("b"),
+            ),
+            ("mysecret", None),
+        ];
+        for (secret, want) in cases {
+            assert_eq!(azure_storage_account(secret), want, "{secret:?}");
+        }
+    }
+
+    #[test]
+    fn portworx_drops_read_only_and_takes_secrets_from_annotations() {
+        let csi = translated(&portworx_pv()).expect("translates");
+        assert_eq!(csi.read_only, None);
+        assert_eq!(csi.controller_publish_secret_ref, None);
+        // Only with both annotations (empty values count) are all five references set.
+        let name_only = annotated_pv(portworx_pv(), "openstorage.io/auth-secret-name", "s");
+        assert_eq!(
+            translated(&name_only)
+                .expect("translates")
+                .controller_publish_secret_ref,
+            None
+        );
+        let both = annotated_pv(name_only, "openstorage.io/auth-secret-namespace", "");
+        let csi = translated(&both).expect("translates");
+        let secret = Some(SecretReference {
+            name: Some("s".into()),
+            namespace: Some(String::new()),
+        });
+        for r in [
+            &csi.controller_publish_secret_ref,
+            &csi.node_stage_secret_ref,
+            &csi.node_publish_secret_ref,
+            &csi.controller_expand_secret_ref,
+            &csi.node_expand_secret_ref,
+        ] {
+            assert_eq!(r, &secret);
+        }
+    }
+
+    #[test]
+    fn translation_errors_carry_the_attacher_prefix_and_one_metric_label() {
+        let err = pv_volume(&ebs_pv("aws://zone/not-a-volume", None)).expect_err("refused");
+        assert_eq!(
+            err.to_string(),
+            "failed to translate in tree pv to CSI: failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume (aws://zone/not-a-volume)"
+        );
+        assert_eq!(err.metric_label(), "translation");
+        assert_eq!(
+            Error::from(TranslationError::AzureFileSecretNamespace).metric_label(),
+            "translation"
+        );
     }
 
     #[test]

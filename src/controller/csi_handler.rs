@@ -258,10 +258,7 @@ impl CsiHandler {
                 self.ensure_pv_finalizer(&pv).await?;
                 attachment::pv_volume(&pv)?
             }
-            Source::Inline(spec) => attachment::Volume {
-                spec: spec.clone(),
-                migrated: true,
-            },
+            Source::Inline(spec) => attachment::Volume::inline(spec.clone()),
         };
         let csi_source = volume.csi()?;
         let capability = attachment::volume_capability(
@@ -461,8 +458,11 @@ impl CsiHandler {
             let Ok(csi_source) = volume.csi() else {
                 continue;
             };
-            let handle = if volume.migrated {
-                match repair_volume_handle(&self.driver, &csi_source.volume_handle, &node_id) {
+            // external-attacher repairs with the driver named in the (translated) CSI source,
+            // not with its own name.
+            let handle = if volume.repairs_handle() {
+                match repair_volume_handle(&csi_source.driver, &csi_source.volume_handle, &node_id)
+                {
                     Some(h) => h,
                     None => continue,
                 }
@@ -507,10 +507,14 @@ fn compare_resource_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
 }
 
 /// csi-translation-lib's `RepairVolumeHandle` as the reconciler uses it for
-/// migrated and inline volumes: `None` (skip the VA) for drivers that are not
-/// migration targets; GCE PD fills an `UNSPECIFIED` project (and zone) from
-/// the node ID; every other migration driver keeps the handle.
-fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Option<String> {
+/// in-tree PVs and inline volumes, with `driver` = the CSI source's driver:
+/// `None` (the reconciler skips the VA) for drivers that are not migration
+/// targets and where the library fails; GCE PD fills an `UNSPECIFIED` project
+/// from the node ID, and an `UNSPECIFIED` zone from the node's zone (or an
+/// `UNSPECIFIED` region from the region of the node's zone); every other
+/// migration driver keeps the handle. Checked against the library by
+/// `tests/translation_oracle.rs`.
+pub fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Option<String> {
     const GCE_PD: &str = "pd.csi.storage.gke.io";
     const UNSPECIFIED: &str = "UNSPECIFIED";
     if !attachment::is_migration_driver(driver) {
@@ -521,7 +525,7 @@ fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Option<Str
     }
     // projects/<project>/{zones|regions}/<location>/disks/<name>
     let tok: Vec<&str> = handle.split('/').collect();
-    if node_id.is_empty() || tok.len() < 6 {
+    if tok.len() < 6 {
         return None;
     }
     if tok[1] != UNSPECIFIED {
@@ -532,24 +536,16 @@ fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Option<Str
     if node.len() < 6 {
         return None;
     }
-    match tok[2] {
-        "zones" => {
-            let zone = if tok[3] == UNSPECIFIED {
-                node[3]
-            } else {
-                tok[3]
-            };
-            Some(format!(
-                "projects/{}/zones/{zone}/disks/{}",
-                node[1], tok[5]
-            ))
-        }
-        "regions" => Some(format!(
-            "projects/{}/regions/{}/disks/{}",
-            node[1], tok[3], tok[5]
-        )),
-        _ => None,
-    }
+    let location = match tok[2] {
+        "zones" if tok[3] == UNSPECIFIED => node[3].to_owned(),
+        "regions" if tok[3] == UNSPECIFIED => attachment::gce_region_from_zones(&[node[3]]).ok()?,
+        "zones" | "regions" => tok[3].to_owned(),
+        _ => return None,
+    };
+    Some(format!(
+        "projects/{}/{}/{location}/disks/{}",
+        node[1], tok[2], tok[5]
+    ))
 }
 
 #[cfg(test)]
@@ -592,6 +588,47 @@ mod tests {
             repair_volume_handle("pd.csi.storage.gke.io", "projects/p2/zones/z/disks/d", node)
                 .as_deref(),
             Some("projects/p2/zones/z/disks/d")
+        );
+    }
+
+    #[test]
+    fn gce_pd_regions_come_from_the_node_zone_and_set_projects_need_no_node() {
+        const GCE: &str = "pd.csi.storage.gke.io";
+        let node = "projects/p1/zones/us-central1-a/instances/n1";
+        // An UNSPECIFIED region is the region of the node's zone (csi-translation-lib).
+        assert_eq!(
+            repair_volume_handle(
+                GCE,
+                "projects/UNSPECIFIED/regions/UNSPECIFIED/disks/d",
+                node
+            )
+            .as_deref(),
+            Some("projects/p1/regions/us-central1/disks/d")
+        );
+        // ... and the VA is skipped when the node's zone has no region.
+        let odd_node = "projects/p1/zones/zone/instances/n1";
+        assert_eq!(
+            repair_volume_handle(
+                GCE,
+                "projects/UNSPECIFIED/regions/UNSPECIFIED/disks/d",
+                odd_node
+            ),
+            None
+        );
+        // A handle with a project is kept whatever the node ID.
+        assert_eq!(
+            repair_volume_handle(GCE, "projects/p2/zones/z/disks/d", "").as_deref(),
+            Some("projects/p2/zones/z/disks/d")
+        );
+        for bad in [
+            "projects/UNSPECIFIED/other/x/disks/d",
+            "projects/UNSPECIFIED/zones",
+        ] {
+            assert_eq!(repair_volume_handle(GCE, bad, node), None, "{bad}");
+        }
+        assert_eq!(
+            repair_volume_handle(GCE, "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d", "n1"),
+            None
         );
     }
 

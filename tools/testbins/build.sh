@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the Go test tools: kube-apiserver, kubectl, etcd, mockcsi,
+# csi-attacher, csi-sanity and translation-oracle.
 #
 # Binaries are cached under $HOME/.cache/attacher-hub/testbins/<key>, where the
-# key hashes the Go version, every go.mod/go.sum, the mockcsi source and this
-# script, so any change to a pin rebuilds and an unchanged tree reuses. Module
-# and build caches are Go's own ($HOME/go/pkg/mod, $HOME/.cache/go-build).
+# key hashes the Go version, every go.mod/go.sum, the sources of our own tools
+# (mockcsi, translation-oracle) and this script, so any change to a pin rebuilds
+# and an unchanged tree reuses. Module and build caches are Go's own
+# ($HOME/go/pkg/mod, $HOME/.cache/go-build).
 #
 # The last line printed is the directory holding the binaries.
 set -euo pipefail
@@ -14,10 +16,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 KUBE_VERSION=v1.36.3
 ATTACHER_VERSION=v4.12.0
 SANITY_VERSION=v5.4.0
-BINARIES="etcd mockcsi csi-attacher kube-apiserver kubectl csi-sanity"
+BINARIES="etcd mockcsi csi-attacher kube-apiserver kubectl csi-sanity translation-oracle"
 
 key=$( { go version
-         cat "$here"/*/go.mod "$here"/*/go.sum "$here/k8s/cmd/mockcsi/main.go" "$here/build.sh"
+         cat "$here"/*/go.mod "$here"/*/go.sum "$here/k8s/cmd/mockcsi/main.go" \
+           "$here/csi/cmd/translation-oracle/main.go" "$here/build.sh"
        } | sha256sum | cut -c1-16)
 out=${ATTACHER_TESTBINS:-${XDG_CACHE_HOME:-$HOME/.cache}/attacher-hub/testbins/$key}
 
@@ -51,6 +54,7 @@ step csi-attacher csi "-X main.version=$ATTACHER_VERSION" github.com/kubernetes-
 step kube-apiserver k8s "$KLDFLAGS" k8s.io/kubernetes/cmd/kube-apiserver
 step kubectl k8s "$KLDFLAGS" k8s.io/kubernetes/cmd/kubectl
 step csi-sanity csi "-X main.VERSION=$SANITY_VERSION" github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
+step translation-oracle csi "" ./cmd/translation-oracle
 
 rm -rf "$out"
 mv "$tmp" "$out"

@@ -1,4 +1,6 @@
-// Test tools only: the reference external-attacher and csi-sanity.
+// Test tools only: the reference external-attacher, csi-sanity and
+// translation-oracle (cmd/translation-oracle, our own: csi-translation-lib as
+// the reference attacher uses it; the replace below pins the lib to v0.36.3).
 // csi-driver-host-path is not served by the module proxy here (403 for every
 // version tried), so the Go mock CSI driver in ../k8s is the third-party driver.
 module attacher.test/testbins/csi
@@ -8,6 +10,13 @@ go 1.26.0
 tool (
 	github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
 	github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher
+)
+
+require (
+	k8s.io/api v0.36.3
+	k8s.io/apimachinery v0.36.3
+	k8s.io/csi-translation-lib v0.36.1
+	k8s.io/klog/v2 v2.140.0
 )
 
 require (
@@ -112,13 +121,9 @@ require (
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
-	k8s.io/api v0.36.3 // indirect
-	k8s.io/apimachinery v0.36.3 // indirect
 	k8s.io/apiserver v0.36.1 // indirect
 	k8s.io/client-go v0.36.3 // indirect
 	k8s.io/component-base v0.36.3 // indirect
-	k8s.io/csi-translation-lib v0.36.1 // indirect
-	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260317180543-43fb72c5454a // indirect
 	k8s.io/streaming v0.36.3 // indirect
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2 // indirect
