@@ -24,6 +24,10 @@ exec 9>"$dir/lock"
 flock 9
 
 if cluster_healthy "$dir"; then
+  # The Go tools may have changed since it started (a new pin, a new tool): point the env
+  # at the current build, which build.sh reuses or makes.
+  bins=$("$repo_root/tools/testbins/build.sh" | tail -n 1)
+  sed -i "s|^export ATTACHER_TESTBINS=.*|export ATTACHER_TESTBINS=$bins|" "$dir/env"
   echo "cluster: reusing the control plane running from $dir" >&2
   echo "$dir/admin.kubeconfig"
   exit 0
