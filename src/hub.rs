@@ -356,8 +356,8 @@ pub async fn run(
     } = config;
 
     let kube_cfg = kube_config(kubeconfig.as_ref()).await?;
-    let client = Client::try_from(kube_cfg.clone()).map_err(Error::KubeClient)?;
-    let leader_client = Client::try_from(kube_cfg).map_err(Error::KubeClient)?;
+    let client = crate::k8s::client(&kube_cfg).map_err(Error::KubeClient)?;
+    let leader_client = crate::k8s::client(&kube_cfg).map_err(Error::KubeClient)?;
 
     let csi_ops = CsiOperations::register(&registry).map_err(Error::Metrics)?;
     let metrics = HubMetrics::register(&registry).map_err(Error::Metrics)?;

@@ -49,6 +49,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+/// First pause after a failed attempt to acquire (the API server did not answer); it doubles
+/// up to [`ERROR_RETRY_MAX`] (or the retry period, if shorter) while failures go on (see
+/// [`LeaderElector::acquire`]).
+const ERROR_RETRY_MIN: Duration = Duration::from_millis(500);
+/// Longest pause between attempts while the API server does not answer: one GET per Lease
+/// every 2 s costs a server that is down nothing (its port refuses at once) and brings the
+/// Leases back within 2 s of its return.
+const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// client-go's default `LeaseDuration` (`--leader-election-lease-duration`).
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 
@@ -518,7 +527,7 @@ fn jittered(period: Duration, r: f64) -> Duration {
 
 /// A random number in `[0, 1)` from the standard library's randomly keyed hasher; good enough
 /// to spread candidates' retries apart, which is all jitter is for.
-fn random_unit() -> f64 {
+pub(crate) fn random_unit() -> f64 {
     let mut hasher = RandomState::new().build_hasher();
     hasher.write_u64(0);
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
@@ -676,7 +685,14 @@ impl LeaderElector {
 
     /// Tries to acquire every jittered retry period until it succeeds (`true`) or `shutdown`
     /// is cancelled (`false`).
+    ///
+    /// While the API server does not answer, attempts come sooner: [`ERROR_RETRY_MIN`]
+    /// doubling up to the jittered retry period. A hub that lost its Leases to a network
+    /// cut-off takes them back within moments of the network's return (nobody else can have
+    /// taken a Lease still recorded as ours before it expires); a candidate that got an answer
+    /// (the Lease is held by someone else) keeps client-go's pace.
     async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
+        let mut error_pause = ERROR_RETRY_MIN;
         loop {
             let deadline = Instant::now() + self.config.renew_deadline;
             let allowed = self.gate.as_ref().is_none_or(|g| (g.0)());
@@ -694,15 +710,21 @@ impl LeaderElector {
                     result = self.observe_only(deadline) => result.map(|()| false),
                 }
             };
+            let mut pause = jittered(self.config.retry_period, random_unit());
             match attempt {
                 Ok(true) => {
                     debug!("successfully acquired lease");
                     return true;
                 }
-                Ok(false) => {}
-                Err(e) => warn!(error = %error_chain(&e), "failed to acquire lease"),
+                Ok(false) => error_pause = ERROR_RETRY_MIN,
+                Err(e) => {
+                    warn!(error = %error_chain(&e), "failed to acquire lease");
+                    pause = pause.min(error_pause);
+                    error_pause = (error_pause * 2)
+                        .min(ERROR_RETRY_MAX)
+                        .min(self.config.retry_period);
+                }
             }
-            let pause = jittered(self.config.retry_period, random_unit());
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return false,
@@ -1498,6 +1520,30 @@ mod tests {
             "leadership never flipped"
         );
         assert!(status.last_renew().expect("renewed").elapsed() < Duration::from_secs(5));
+    }
+
+    /// After a cut-off long enough to lose the Lease, it is taken back within moments of the
+    /// API server answering again, not a jittered retry period (up to 11 s) later.
+    #[tokio::test(start_paused = true)]
+    async fn leadership_lost_to_a_cut_off_comes_back_soon_after_it() {
+        let fake = fake::Fake::default();
+        let mut c = Config::new("lease", "default", "me");
+        c.release_on_cancel = true;
+        let (mut rx, _handle, _token, _status) = spawn_on(&fake, c);
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        fake.state().fail = true;
+        rx.wait_for(|l| !l.is_leading()).await.expect("loses");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        fake.state().fail = false;
+        let back = Instant::now();
+        rx.wait_for(Leadership::is_leading)
+            .await
+            .expect("leads again");
+        assert!(
+            back.elapsed() <= ERROR_RETRY_MAX,
+            "took {:?} to lead again",
+            back.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -233,8 +233,10 @@ async fn run_watch<K, F>(
         + 'static,
     F: Fn(Change<K>),
 {
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
+    let config = watcher::Config::default()
+        .timeout(u32::try_from(crate::k8s::WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX));
+    let stream = watcher(api, config)
+        .backoff(WatchBackoff::default())
         .modify(|obj: &mut K| obj.managed_fields_mut().clear());
     let mut stream: std::pin::Pin<
         Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
@@ -250,6 +252,45 @@ async fn run_watch<K, F>(
             Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with backoff"),
             None => return,
         }
+    }
+}
+
+/// Pause before watching again after a failed watch: [`WATCH_BACKOFF_MIN`] doubling up to
+/// [`WATCH_BACKOFF_MAX`], each pause shortened by a random part of up to half, back to the
+/// minimum after any success. kube's default (0.8 s doubling to 30 s) left the watches of a
+/// hub whose API server came back blind for up to half a minute; a few requests per watched
+/// kind every few seconds are nothing for a server that is up and little for one that is down.
+#[derive(Debug)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+/// First pause of [`WatchBackoff`].
+const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(500);
+/// Longest pause of [`WatchBackoff`].
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self {
+            next: WATCH_BACKOFF_MIN,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let pause = self.next;
+        self.next = (self.next * 2).min(WATCH_BACKOFF_MAX);
+        Some(pause.mul_f64(1.0 - crate::leader::random_unit() / 2.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = WATCH_BACKOFF_MIN;
     }
 }
 
@@ -342,6 +383,19 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
+
+    #[test]
+    fn watch_backoff_stays_short_and_resets_after_a_success() {
+        use kube::runtime::utils::Backoff;
+        let mut b = WatchBackoff::default();
+        let pauses: Vec<Duration> = (0..8).map(|_| b.next().expect("never gives up")).collect();
+        for (i, p) in pauses.iter().enumerate() {
+            let nominal = (WATCH_BACKOFF_MIN * 2u32.pow(i as u32)).min(WATCH_BACKOFF_MAX);
+            assert!(*p <= nominal && *p >= nominal / 2, "pause {i}: {p:?}");
+        }
+        b.reset();
+        assert!(b.next().expect("pause") <= WATCH_BACKOFF_MIN);
+    }
 
     fn pv(name: &str, rv: &str) -> PersistentVolume {
         PersistentVolume {
