@@ -284,7 +284,6 @@ impl Driver {
         let Some(handler) = self.handler() else {
             return;
         };
-        handler.observe_va(new);
         if old.is_none_or(|old| should_enqueue_va_change(old, new)) {
             self.enqueue_va(&handler, new);
         }
@@ -785,11 +784,9 @@ impl Driver {
         }
         let span = tracing::info_span!("sync_va", va = key, node = %va.spec.node_name, pv = va.spec.source.persistent_volume_name.as_deref().unwrap_or(""));
         match handler.sync_va(&va).instrument(span.clone()).await {
-            Ok(()) => {
+            Ok(synced) => {
                 queue.forget(key);
-                shared
-                    .metrics
-                    .observe_sync(&driver, &va, kind == Kind::Detach);
+                shared.metrics.observe_sync(&driver, &va, synced);
             }
             Err(error) => {
                 tracing::warn!(parent: &span, %error, "sync failed; retrying with backoff");

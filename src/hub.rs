@@ -452,13 +452,25 @@ async fn gauges(shared: Arc<Shared>, stop: CancellationToken) {
     // Adds already counted, per (driver, pool): queues count adds
     // themselves; the counter follows them here.
     let mut counted: HashMap<(String, &'static str), u64> = HashMap::new();
+    // Names served at the last refresh: a name that is gone loses its series.
+    let mut served: std::collections::HashSet<String> = std::collections::HashSet::new();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
         let log_now = last_log.elapsed() >= BACKLOG_LOG_INTERVAL;
-        for d in shared.registry.slots() {
+        let slots = shared.registry.slots();
+        let now_served: std::collections::HashSet<String> =
+            slots.iter().filter_map(|d| d.name()).collect();
+        for gone in served.difference(&now_served) {
+            tracing::debug!(driver = %gone, "removing the metrics of a driver no longer served");
+            shared.metrics.remove_driver(gone);
+            shared.csi_ops.remove_driver(gone);
+            counted.retain(|(name, _), _| name != gone);
+        }
+        served = now_served;
+        for d in slots {
             let Some(name) = d.name() else { continue };
             let up = matches!(d.state(), State::Standby | State::Leading);
             shared

@@ -77,6 +77,33 @@ impl CsiOperations {
     }
 }
 
+impl CsiOperations {
+    /// Removes every series of `driver` (a driver that is no longer served).
+    pub fn remove_driver(&self, driver: &str) {
+        remove_driver_series(&self.plain, driver);
+        remove_driver_series(&self.migrated, driver);
+    }
+}
+
+/// Removes the series of `vec` whose `driver_name` is `driver`, whatever their other labels.
+fn remove_driver_series<T: prometheus::core::MetricVecBuilder>(
+    vec: &prometheus::core::MetricVec<T>,
+    driver: &str,
+) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("driver_name") == Some(&driver) {
+                let _ = vec.remove(&labels);
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for CsiOperations {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CsiOperations").finish_non_exhaustive()
@@ -144,6 +171,57 @@ mod tests {
                 "bucket {le} missing"
             );
         }
+    }
+
+    #[test]
+    fn end_to_end_latency_is_observed_once_per_attach_and_detach() {
+        use crate::controller::Synced;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let registry = Registry::new();
+        let m = HubMetrics::register(&registry).unwrap();
+        let mut va = k8s_openapi::api::storage::v1::VolumeAttachment::default();
+        va.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        m.observe_sync("d", &va, Synced::Attached);
+        // The echo of our own write, a resync, a forced re-publish: no new attach.
+        m.observe_sync("d", &va, Synced::Unchanged);
+        m.observe_sync("d", &va, Synced::Unchanged);
+        va.metadata.deletion_timestamp = va.metadata.creation_timestamp.clone();
+        m.observe_sync("d", &va, Synced::Detached);
+        let count = |h: &HistogramVec| h.with_label_values(&["d"]).get_sample_count();
+        assert_eq!((count(&m.attach_e2e), count(&m.detach_e2e)), (1, 1));
+    }
+
+    #[test]
+    fn a_removed_driver_leaves_no_series_and_the_others_keep_theirs() {
+        let registry = Registry::new();
+        let m = HubMetrics::register(&registry).unwrap();
+        let ops = CsiOperations::register(&registry).unwrap();
+        for d in ["gone", "kept"] {
+            m.driver_up.with_label_values(&[d]).set(1.0);
+            m.queue_depth
+                .with_label_values(&["csi-attacher-va", d, "attach"])
+                .set(3.0);
+            m.set_leader(d, true);
+            m.api_requests
+                .with_label_values(&[d, "PATCH", "volumeattachments", "200"])
+                .inc();
+            ops.observe(
+                d,
+                "/csi.v1.Controller/ControllerPublishVolume",
+                "OK",
+                None,
+                0.1,
+            );
+        }
+        m.remove_driver("gone");
+        ops.remove_driver("gone");
+        let text = render(&registry);
+        assert!(!text.contains("\"gone\""), "{text}");
+        assert_eq!(
+            text.matches("driver_name=\"kept\"").count() >= 5,
+            true,
+            "{text}"
+        );
     }
 
     #[test]
@@ -380,6 +458,27 @@ impl HubMetrics {
             .observe(waited.as_secs_f64());
     }
 
+    /// Removes every series of `driver`: it is no longer served (removed from the driver file,
+    /// its socket gone), so its gauges must not keep their last values.
+    pub fn remove_driver(&self, driver: &str) {
+        remove_driver_series(&self.queue_depth, driver);
+        remove_driver_series(&self.queue_oldest_age, driver);
+        remove_driver_series(&self.queue_longest_running, driver);
+        remove_driver_series(&self.queue_retries, driver);
+        remove_driver_series(&self.queue_work_duration, driver);
+        remove_driver_series(&self.queue_wait_duration, driver);
+        remove_driver_series(&self.queue_adds, driver);
+        remove_driver_series(&self.leader, driver);
+        remove_driver_series(&self.driver_up, driver);
+        remove_driver_series(&self.panics, driver);
+        remove_driver_series(&self.attach_e2e, driver);
+        remove_driver_series(&self.detach_e2e, driver);
+        remove_driver_series(&self.api_budget_wait, driver);
+        remove_driver_series(&self.api_throttled, driver);
+        remove_driver_series(&self.api_budget_qps, driver);
+        remove_driver_series(&self.api_requests, driver);
+    }
+
     /// Where the API budget of `driver` reports its waits; also publishes its limit.
     pub fn api_observer(
         &self,
@@ -409,31 +508,23 @@ impl HubMetrics {
         self.queue_retries.with_label_values(&[queue, driver]).inc();
     }
 
-    /// Records the end-to-end latency of a VA that was just attached or
-    /// detached by us.
+    /// Records the end-to-end latency of a VA this sync attached (from its creation) or
+    /// detached (from its deletion); a sync that changed nothing is not an attach.
     pub fn observe_sync(
         &self,
         driver: &str,
         va: &k8s_openapi::api::storage::v1::VolumeAttachment,
-        detached: bool,
+        synced: crate::controller::Synced,
     ) {
-        let since = if detached {
-            va.metadata.deletion_timestamp.as_ref()
-        } else {
-            if va.status.as_ref().is_some_and(|s| s.attached) {
-                // Already attached before this sync (resync, forced sync).
-                return;
-            }
-            va.metadata.creation_timestamp.as_ref()
+        use crate::controller::Synced;
+        let (since, h) = match synced {
+            Synced::Attached => (va.metadata.creation_timestamp.as_ref(), &self.attach_e2e),
+            Synced::Detached => (va.metadata.deletion_timestamp.as_ref(), &self.detach_e2e),
+            Synced::Unchanged => return,
         };
         let Some(since) = since else { return };
         let now = k8s_openapi::jiff::Timestamp::now();
         let seconds = now.duration_since(since.0).as_secs_f64().max(0.0);
-        let h = if detached {
-            &self.detach_e2e
-        } else {
-            &self.attach_e2e
-        };
         h.with_label_values(&[driver]).observe(seconds);
     }
 }

@@ -13,7 +13,10 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
 };
 
-use super::attachment::{self, Source};
+use super::{
+    Synced,
+    attachment::{self, Source},
+};
 use crate::{
     csi::{self, Capabilities, DriverClient, PublishRequest, Secrets, UnpublishRequest},
     k8s::{self, Writer},
@@ -155,10 +158,6 @@ impl CsiHandler {
         }
     }
 
-    /// Lets the handler look at a changed VA (nothing to do today; the
-    /// memory of our own writes is judged by resourceVersion on each sync).
-    pub fn observe_va(&self, _va: &VolumeAttachment) {}
-
     /// Drops per-VA memory of a deleted VA.
     pub fn va_deleted(&self, name: &str) {
         lock(&self.attached).remove(name);
@@ -197,16 +196,16 @@ impl CsiHandler {
     }
 
     /// `syncAttach` (spec 3.5).
-    pub async fn sync_attach(&self, va: &VolumeAttachment) -> Result<(), Error> {
+    pub async fn sync_attach(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
         if !forced {
             if va.status.as_ref().is_some_and(|s| s.attached) {
-                return Ok(());
+                return Ok(Synced::Unchanged);
             }
             if self.awaiting_echo(va) {
                 tracing::debug!("already marked attached; waiting for the watch to catch up");
-                return Ok(());
+                return Ok(Synced::Unchanged);
             }
         }
         match self.csi_attach(va).await {
@@ -228,7 +227,14 @@ impl CsiHandler {
                 let rv = written.metadata.resource_version.unwrap_or_default();
                 lock(&self.attached).insert(name, (uid, rv));
                 tracing::info!("attached");
-                Ok(())
+                // A forced sync of a VA that was attached already re-publishes; it is not a
+                // new attach.
+                let was_attached = va.status.as_ref().is_some_and(|s| s.attached);
+                Ok(if was_attached {
+                    Synced::Unchanged
+                } else {
+                    Synced::Attached
+                })
             }
             Err(error) => {
                 let code = if self.config.save_error_code {
@@ -330,7 +336,7 @@ impl CsiHandler {
     }
 
     /// `syncDetach` (spec 3.6).
-    pub async fn sync_detach(&self, va: &VolumeAttachment) -> Result<(), Error> {
+    pub async fn sync_detach(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
         let finalizer = attachment::finalizer_name(&self.driver);
@@ -341,7 +347,7 @@ impl CsiHandler {
             .unwrap_or_default()
             .contains(&finalizer);
         if !forced && !has_finalizer {
-            return Ok(());
+            return Ok(Synced::Unchanged);
         }
         let result = match self.csi_detach(va).await {
             Ok(()) => self.mark_as_detached(va).await,
@@ -357,7 +363,7 @@ impl CsiHandler {
         } else {
             tracing::info!("detached");
         }
-        result
+        result.map(|()| Synced::Detached)
     }
 
     async fn csi_detach(&self, va: &VolumeAttachment) -> Result<(), Error> {

@@ -8,6 +8,18 @@ use super::{
 };
 use crate::csi;
 
+/// What a successful sync did, so that end-to-end latency is observed once per attach or
+/// detach, never for a sync that found nothing to do (a resync, the echo of our own write).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synced {
+    /// This sync marked the VA attached.
+    Attached,
+    /// This sync detached the volume (ControllerUnpublish succeeded, finalizer removed).
+    Detached,
+    /// Nothing needed doing.
+    Unchanged,
+}
+
 /// CSI handler for drivers that attach, trivial handler for the others.
 #[derive(Debug)]
 pub enum Handler {
@@ -25,7 +37,7 @@ impl Handler {
     }
 
     /// `syncVA`: attach or detach depending on the deletion timestamp.
-    pub async fn sync_va(&self, va: &VolumeAttachment) -> Result<(), Error> {
+    pub async fn sync_va(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
         match self {
             Self::Csi(h) if va.metadata.deletion_timestamp.is_some() => h.sync_detach(va).await,
             Self::Csi(h) => h.sync_attach(va).await,
@@ -38,13 +50,6 @@ impl Handler {
         match self {
             Self::Csi(h) => h.sync_pv(pv).await,
             Self::Trivial(_) => Ok(()),
-        }
-    }
-
-    /// Lets the handler drop memory about a VA that changed.
-    pub fn observe_va(&self, va: &VolumeAttachment) {
-        if let Self::Csi(h) = self {
-            h.observe_va(va);
         }
     }
 

@@ -16,4 +16,4 @@ pub mod handler;
 pub mod predicate;
 pub mod trivial_handler;
 
-pub use handler::Handler;
+pub use handler::{Handler, Synced};

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
-use super::csi_handler::Error;
+use super::{Synced, csi_handler::Error};
 use crate::k8s::{self, Writer};
 
 /// Marks VAs attached without calling the driver.
@@ -19,16 +19,16 @@ impl TrivialHandler {
     }
 
     /// Every VA of the driver, deleting or not: `attached: true` if not yet.
-    pub async fn sync_va(&self, va: &VolumeAttachment) -> Result<(), Error> {
+    pub async fn sync_va(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
         if va.status.as_ref().is_some_and(|s| s.attached) {
-            return Ok(());
+            return Ok(Synced::Unchanged);
         }
         let name = va.metadata.name.as_deref().unwrap_or_default();
         let patch = serde_json::json!({ "status": { "attached": true } });
         match self.writer.merge_va_status(name, &patch).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(Synced::Attached),
             // The VA is already gone: nothing to attach.
-            Err(e) if k8s::is_not_found(&e) => Ok(()),
+            Err(e) if k8s::is_not_found(&e) => Ok(Synced::Unchanged),
             Err(e) => Err(Error::Trivial(k8s::error_text(&e))),
         }
     }
