@@ -89,12 +89,14 @@ impl Writer {
             .await
     }
 
-    /// A Secret's data as strings, read live (never cached).
+    /// A Secret's data, byte for byte, read live (never cached). Whether the
+    /// values can be sent is for the CSI client to say (see
+    /// [`crate::csi::redact::NotUtf8`]); nothing is altered here.
     pub async fn secret_data(
         &self,
         namespace: &str,
         name: &str,
-    ) -> kube::Result<HashMap<String, String>> {
+    ) -> kube::Result<HashMap<String, Vec<u8>>> {
         self.spend().await;
         let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
             .get(name)
@@ -103,7 +105,7 @@ impl Writer {
             .data
             .unwrap_or_default()
             .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .map(|(k, v)| (k, v.0))
             .collect())
     }
 }
