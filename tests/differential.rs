@@ -32,8 +32,9 @@
 //! attacher-hub never does. So for every successful ControllerPublishVolume
 //! entry the hub's count must be exactly 1 and not above Go's (Go: 1 or 2; a
 //! repeat counts towards the first publish even if a Secret changed in
-//! between). Successful ControllerUnpublishVolume entries must have equal
-//! counts.
+//! between). A successful ControllerUnpublishVolume entry stands for one
+//! call, or two when a re-sync read a stale cache right after the detach
+//! (either attacher may do that, depending on timing only), on both sides.
 //!
 //! Run-specific strings (object names, driver names) are replaced by
 //! placeholders before comparing. Batches (scenarios sharing a mock

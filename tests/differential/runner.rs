@@ -42,6 +42,10 @@ const WAIT: Duration = Duration::from_secs(45);
 /// land before a snapshot is taken.
 const SNAPSHOT_SETTLE: Duration = Duration::from_millis(500);
 
+/// Pause between the two waits for an attach error (see
+/// `scenarios::VaState::AttachError`): by then the backoff is past 1 s.
+const ERROR_SETTLE: Duration = Duration::from_secs(2);
+
 /// Namespace of the publish Secrets.
 const SECRET_NAMESPACE: &str = "default";
 
@@ -561,20 +565,31 @@ async fn wait_va(ctx: &ScenarioCtx<'_>, role: &str, state: VaState) -> Result<()
         )
         .await
         .map(drop),
-        VaState::AttachError(text) => wait_for(
-            &api,
-            &name,
-            &format!("status.attachError.message containing {text:?}"),
-            move |va: Option<&VolumeAttachment>| {
-                status(va)
-                    .and_then(|s| s.attach_error)
-                    .and_then(|e| e.message)
-                    .is_some_and(|m| m.contains(text))
-            },
-            WAIT,
-        )
-        .await
-        .map(drop),
+        VaState::AttachError(text) => {
+            let what = format!("status.attachError.message containing {text:?}");
+            let wait = || {
+                wait_for(
+                    &api,
+                    &name,
+                    &what,
+                    move |va: Option<&VolumeAttachment>| {
+                        status(va)
+                            .and_then(|s| s.attach_error)
+                            .and_then(|e| e.message)
+                            .is_some_and(|m| m.contains(text))
+                    },
+                    WAIT,
+                )
+            };
+            // Once more after the backoff has grown (see VaState::AttachError).
+            match wait().await {
+                Ok(_) => {
+                    tokio::time::sleep(ERROR_SETTLE).await;
+                    wait().await.map(drop)
+                }
+                Err(e) => Err(e),
+            }
+        }
         VaState::DetachError(text) => wait_for(
             &api,
             &name,

@@ -273,6 +273,14 @@ impl Differences {
     }
 }
 
+/// Most successful ControllerUnpublishVolume calls in a row for one detach.
+///
+/// One is the rule. A second can come from a re-sync that reads the VA from
+/// a cache that does not show the removed finalizer yet (an older backoff
+/// entry or event firing right after the detach); both attachers can do
+/// that, depending on timing only.
+const MAX_OK_UNPUBLISHES: usize = 2;
+
 /// Every difference between the Go snapshot and the hub snapshot of one
 /// checkpoint; empty when they agree.
 ///
@@ -280,7 +288,8 @@ impl Differences {
 /// * a ControllerPublishVolume answered OK: the hub may call it *fewer*
 ///   times than Go (no duplicate publish caused by its own writes, spec 3.12)
 ///   and must call it exactly once;
-/// * a ControllerUnpublishVolume answered OK: the same number of times;
+/// * a ControllerUnpublishVolume answered OK: once, or twice (see
+///   [`MAX_OK_UNPUBLISHES`]), on both sides;
 /// * failed calls are retries whose number depends on timing: not compared.
 pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Differences {
     let mut out = Differences::default();
@@ -311,9 +320,9 @@ pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Differences {
         }
         let g = go.counts.get(k).copied().unwrap_or(0);
         let h = hub.counts.get(k).copied().unwrap_or(0);
-        if g != h {
+        if !(1..=MAX_OK_UNPUBLISHES).contains(&h) || !(1..=MAX_OK_UNPUBLISHES).contains(&g) {
             out.fields.push(format!(
-                "{k}: successful ControllerUnpublishVolume made {h} time(s) in a row by the hub, {g} by Go"
+                "{k}: successful ControllerUnpublishVolume made {h} time(s) in a row by the hub, {g} by Go (once, or twice after a stale re-sync, is expected)"
             ));
         }
     }
@@ -410,6 +419,21 @@ mod tests {
         let mut hub = Snapshot::default();
         hub.calls(&[at(call(PUBLISH, "Ok"), 1), timed_out(2)], &n);
         assert!(!compare(&go, &hub).is_empty());
+    }
+
+    #[test]
+    fn a_detach_unpublishes_once_or_twice_on_either_side() {
+        let n = Normalizer::default();
+        let unpublishes = |k: usize| {
+            let mut s = Snapshot::default();
+            s.calls(&vec![call(UNPUBLISH, "Ok"); k], &n);
+            s
+        };
+        assert!(compare(&unpublishes(1), &unpublishes(2)).is_empty());
+        assert!(compare(&unpublishes(2), &unpublishes(1)).is_empty());
+        assert!(!compare(&unpublishes(1), &unpublishes(3)).is_empty());
+        assert!(!compare(&unpublishes(3), &unpublishes(1)).is_empty());
+        assert!(!compare(&unpublishes(1), &unpublishes(0)).is_empty());
     }
 
     #[test]
