@@ -5,13 +5,16 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Arc, RwLock},
+    sync::{Arc, OnceLock, RwLock},
     time::Duration,
 };
 
 use dashmap::DashMap;
 use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
-use kube::Client;
+use kube::{
+    Client,
+    runtime::reflector::{ObjectRef, Store},
+};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -227,6 +230,33 @@ impl std::fmt::Debug for Shared {
 /// Routes watch events to drivers.
 struct Dispatch {
     registry: Arc<Registry>,
+    /// The PV cache, set once the router has made it (before any event).
+    pvs: OnceLock<Store<PersistentVolume>>,
+}
+
+/// The drivers, by sanitized name, that hold an attacher finalizer on `pv`.
+fn finalizer_holders(pv: &PersistentVolume) -> impl Iterator<Item = &str> {
+    pv.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .filter_map(|f| f.strip_prefix(attachment::FINALIZER_PREFIX))
+}
+
+/// The drivers, by sanitized name, to be told about `pv` when a VA naming it
+/// is deleted, besides the VA's own driver (`attacher`, which always is).
+///
+/// Spec section 6: every attacher puts the PV of *any* deleted VA on its PV
+/// queue, whatever the VA's driver, because that VA may have been the last
+/// one keeping the attacher's finalizer on the PV. Only an attacher holding a
+/// finalizer on the PV can have anything to do, so only those are told. A
+/// deletion is the only VA event that can release a finalizer: a VA's spec
+/// (and so the PV it names) is immutable, and an added VA only keeps one.
+fn holders_to_tell<'a>(attacher: &str, pv: &'a PersistentVolume) -> Vec<&'a str> {
+    let own = attachment::sanitize_driver_name(attacher);
+    let mut holders: Vec<&str> = finalizer_holders(pv).filter(|s| *s != own).collect();
+    holders.dedup();
+    holders
 }
 
 impl Route for Dispatch {
@@ -240,14 +270,25 @@ impl Route for Dispatch {
         if let Some(driver) = self.registry.get(&va.spec.attacher) {
             driver.on_va_deleted(va);
         }
+        let Some(pv) = va
+            .spec
+            .source
+            .persistent_volume_name
+            .as_deref()
+            .and_then(|name| self.pvs.get()?.get(&ObjectRef::new(name)))
+        else {
+            return;
+        };
+        for sanitized in holders_to_tell(&va.spec.attacher, &pv) {
+            if let Some((name, driver)) = self.registry.by_sanitized(sanitized) {
+                driver.on_pv(&name, &pv);
+            }
+        }
     }
 
     fn pv_applied(&self, pv: &PersistentVolume) {
-        let finalizers = pv.metadata.finalizers.as_deref().unwrap_or_default();
-        for f in finalizers {
-            if let Some(sanitized) = f.strip_prefix(attachment::FINALIZER_PREFIX)
-                && let Some((name, driver)) = self.registry.by_sanitized(sanitized)
-            {
+        for sanitized in finalizer_holders(pv) {
+            if let Some((name, driver)) = self.registry.by_sanitized(sanitized) {
                 driver.on_pv(&name, pv);
             }
         }
@@ -369,14 +410,13 @@ pub async fn run(
 
     let hub_registry = Arc::new(Registry::default());
     let watch_stop = CancellationToken::new();
-    let (stores, watches) = router::start(
-        client.clone(),
-        Arc::new(Dispatch {
-            registry: hub_registry.clone(),
-        }),
-        resync,
-        &watch_stop,
-    );
+    let dispatch = Arc::new(Dispatch {
+        registry: hub_registry.clone(),
+        pvs: OnceLock::new(),
+    });
+    let (stores, watches) = router::start(client.clone(), dispatch.clone(), resync, &watch_stop);
+    // No event flows before `watches` is spawned below.
+    let _ = dispatch.pvs.set(stores.pvs.clone());
     let watches = tokio::spawn(watches.instrument(tracing::info_span!("router")));
 
     let http_stop = CancellationToken::new();
@@ -908,5 +948,53 @@ async fn supervised(driver: Arc<Driver>, shared: Arc<Shared>, stop: Cancellation
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn pv(finalizers: &[&str]) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some("pv".into()),
+                finalizers: Some(finalizers.iter().map(|f| (*f).to_string()).collect()),
+                ..ObjectMeta::default()
+            },
+            ..PersistentVolume::default()
+        }
+    }
+
+    #[test]
+    fn a_deleted_va_tells_every_other_driver_holding_a_finalizer_on_its_pv() {
+        let shared = pv(&[
+            "kubernetes.io/pv-protection",
+            "external-attacher/a-csi-io",
+            "external-attacher/b-csi-io",
+            "example.com/other",
+        ]);
+        // The VA's own driver is told anyway (on_va_deleted): not twice.
+        assert_eq!(holders_to_tell("a.csi.io", &shared), ["b-csi-io"]);
+        assert_eq!(holders_to_tell("b.csi.io", &shared), ["a-csi-io"]);
+        // A VA of a driver holding nothing on the PV still releases the others.
+        assert_eq!(
+            holders_to_tell("c.csi.io", &shared),
+            ["a-csi-io", "b-csi-io"]
+        );
+        // No attacher finalizer: nobody to tell.
+        assert!(holders_to_tell("c.csi.io", &pv(&["kubernetes.io/pv-protection"])).is_empty());
+        assert!(holders_to_tell("c.csi.io", &PersistentVolume::default()).is_empty());
+    }
+
+    #[test]
+    fn finalizer_holders_are_the_sanitized_driver_names() {
+        let p = pv(&[
+            "external-attacher/x-y-zX",
+            "external-attacherx/no",
+            "external-attacher/",
+        ]);
+        assert_eq!(finalizer_holders(&p).collect::<Vec<_>>(), ["x-y-zX", ""]);
     }
 }

@@ -219,19 +219,21 @@ impl Writer {
         .await
     }
 
-    /// A Secret's data as strings, read live (never cached).
+    /// A Secret's data, byte for byte, read live (never cached). Whether the
+    /// values can be sent is for the CSI client to say (see
+    /// [`crate::csi::redact::NotUtf8`]); nothing is altered here.
     pub async fn secret_data(
         &self,
         namespace: &str,
         name: &str,
-    ) -> kube::Result<HashMap<String, String>> {
+    ) -> kube::Result<HashMap<String, Vec<u8>>> {
         let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
         let secret = self.send("GET", "secrets", name, api.get(name)).await?;
         Ok(secret
             .data
             .unwrap_or_default()
             .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .map(|(k, v)| (k, v.0))
             .collect())
     }
 }

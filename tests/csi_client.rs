@@ -666,3 +666,72 @@ async fn secrets_never_appear_in_logs_debug_output_or_errors() {
         assert!(!text.contains(SECRET), "secret leaked into {what}: {text}");
     }
 }
+
+/// A Secret value that is not UTF-8 cannot be a protobuf string. The Go
+/// sidecars fail such a call in grpc-go's marshalling, before it leaves the
+/// process, and their metrics interceptor still counts it; so do we. The
+/// value is never altered to make it fit.
+#[tokio::test]
+async fn a_secret_that_is_not_utf8_is_refused_as_grpc_go_refuses_it_and_counted() {
+    let (_dir, path, mock) = serve(MockDriver::new("utf8.csi.test").volumes(1)).await;
+    let registry = Registry::new();
+    let (_conn, mut client) = client_for(&path, &registry).await;
+    client.metrics_mut().set_driver("utf8.csi.test", false);
+    let bad = || {
+        Some(Secrets::new(std::collections::HashMap::from([
+            ("user".to_string(), b"admin".to_vec()),
+            ("password".to_string(), b"p\xff55".to_vec()),
+        ])))
+    };
+    const TEXT: &str = "rpc error: code = Internal desc = grpc: error while marshaling: string field contains invalid UTF-8";
+
+    let mut req = publish("vol-0", "n1");
+    req.secrets = bad();
+    let err = client
+        .publish(req, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Internal);
+    assert_eq!(err.to_string(), TEXT);
+    let err = client
+        .unpublish(
+            UnpublishRequest {
+                volume_id: "vol-0".into(),
+                node_id: "n1".into(),
+                secrets: bad(),
+                migrated: false,
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), TEXT);
+    assert!(
+        mock.calls().is_empty(),
+        "nothing reached the driver: {:?}",
+        mock.calls()
+    );
+    let text = render(&registry);
+    for method in [
+        "/csi.v1.Controller/ControllerPublishVolume",
+        "/csi.v1.Controller/ControllerUnpublishVolume",
+    ] {
+        assert_eq!(
+            count(&text, "utf8.csi.test", method, "Internal"),
+            1,
+            "{text}"
+        );
+    }
+
+    // Valid UTF-8, however odd, passes byte for byte.
+    let odd = "\0\u{1}\u{7f}ü€😀\u{feff}\u{fffd}";
+    let mut req = publish("vol-0", "n1");
+    req.secrets = Some(Secrets::new(std::collections::HashMap::from([(
+        "blob".to_string(),
+        odd.to_string(),
+    )])));
+    client.publish(req, Duration::from_secs(5)).await.unwrap();
+    let calls = mock.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].secrets["blob"], odd);
+}

@@ -18,6 +18,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
+use kube::api::DeleteParams;
 use serde_json::Value;
 use tokio::sync::RwLock;
 
@@ -27,8 +28,8 @@ use hub::{
     quantile, state_of, wait_pvs_gone,
 };
 use support::{
-    ChildProcess, Cluster, MockCsi, MockCsiOptions, attacher_finalizer, unique_driver_name,
-    unique_name,
+    ChildProcess, Cluster, MockCsi, MockCsiOptions, PvBuilder, attacher_finalizer, create_va,
+    is_attached, unique_driver_name, unique_name, wait_deleted, wait_for,
 };
 
 /// Latency measurements take it exclusively; every other test shares it.
@@ -1135,4 +1136,113 @@ async fn discovered_sockets_become_and_stop_being_drivers() {
     assert!(hub.process.exited().is_none());
     node_plugin.stop().await;
     hub.process.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// 6. A PV named by VAs of two drivers served by the same hub
+// ---------------------------------------------------------------------------
+
+/// Spec section 6: the deletion of a VA of *any* driver reaches every driver
+/// holding a finalizer on its PV. Here the other driver does not attach (the
+/// trivial handler: no finalizer anywhere), so its VA's deletion changes
+/// nothing else a driver would see; without being told of it, the driver
+/// holding the PV's finalizer keeps it until the next resync (10 minutes)
+/// and the deleted PV hangs in Terminating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pv_loses_its_finalizer_when_the_last_va_naming_it_goes_whatever_its_driver() {
+    let _shared = GATE.read().await;
+    let cluster = Cluster::get();
+    let client = cluster.client().await;
+    let a = RustMock::start(&unique_driver_name("shared-a"), 1).await;
+    let b = RustMock::start_with(
+        &unique_driver_name("shared-b"),
+        1,
+        attacher_hub::mock::Capabilities {
+            publish_unpublish: false,
+            ..attacher_hub::mock::Capabilities::default()
+        },
+    )
+    .await;
+    let node = unique_name("node");
+    create_node_with_drivers(
+        &client,
+        &node,
+        &[
+            (a.name.clone(), format!("{node}-a")),
+            (b.name.clone(), format!("{node}-b")),
+        ],
+    )
+    .await;
+    let (_dir, config) = plain_config(&drivers_yaml(&[
+        driver_entry(&a.socket, &a.name),
+        driver_entry(&b.socket, &b.name),
+    ]));
+    let hub = Hub::start(
+        cluster,
+        "hub-shared-pv",
+        HubOptions {
+            config: Some(config),
+            ..HubOptions::default()
+        },
+    )
+    .await;
+    hub.wait_ready("two drivers", STATE_TIMEOUT).await;
+
+    // One PV (of driver A), named by a VA of A and a VA of B.
+    let pv = unique_name("shared-pv");
+    PvBuilder::new(&pv, &a.name, "vol-0")
+        .access_modes(&["ReadWriteMany"])
+        .create(&client)
+        .await;
+    let (va_a, va_b) = (unique_name("shared-va-a"), unique_name("shared-va-b"));
+    create_va(&client, &va_a, &a.name, &node, &pv).await;
+    create_va(&client, &va_b, &b.name, &node, &pv).await;
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    for va in [&va_a, &va_b] {
+        wait_for(&vas, va, "attached", is_attached(), STATE_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let fin_a = attacher_finalizer(&a.name);
+    let finalizers = |pv: &PersistentVolume| -> Vec<String> {
+        pv.metadata.finalizers.iter().flatten().cloned().collect()
+    };
+    assert_eq!(
+        finalizers(&pvs.get(&pv).await.unwrap()),
+        std::slice::from_ref(&fin_a)
+    );
+
+    // A's VA goes first: B's VA still names the PV, so A's finalizer stays.
+    pvs.delete(&pv, &DeleteParams::default()).await.unwrap();
+    vas.delete(&va_a, &DeleteParams::default()).await.unwrap();
+    wait_deleted(&vas, &va_a, STATE_TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        finalizers(&pvs.get(&pv).await.unwrap()),
+        [fin_a],
+        "the finalizer went while a VA still names the PV"
+    );
+    assert!(
+        !a.calls("ControllerUnpublishVolume").is_empty(),
+        "A detached"
+    );
+
+    // B's VA goes (at once: the trivial handler puts no finalizer on it). A,
+    // told of the deletion of a VA that is not its own, releases the PV.
+    let gone_at = Instant::now();
+    vas.delete(&va_b, &DeleteParams::default()).await.unwrap();
+    wait_deleted(&pvs, &pv, STATE_TIMEOUT)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the PV stays after its last VA is gone ({e}); the hub must not wait for a resync"
+            )
+        });
+    println!(
+        "PV gone {:.1}s after the deletion of its last VA",
+        gone_at.elapsed().as_secs_f64()
+    );
 }

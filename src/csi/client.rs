@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use super::{
     Connection,
     proto::{self, controller_client::ControllerClient, identity_client::IdentityClient},
-    redact::Secrets,
+    redact::{NotUtf8, Secrets},
     status::{self, Outcome},
 };
 use crate::metrics::{CsiOperations, UNKNOWN_DRIVER};
@@ -55,6 +55,13 @@ fn capped(text: String, max: Option<usize>) -> String {
 /// The status of a call whose deadline passed, worded as grpc-go words it.
 fn deadline_exceeded() -> tonic::Status {
     tonic::Status::deadline_exceeded("context deadline exceeded")
+}
+
+/// The status of a request grpc-go cannot marshal, worded as grpc-go words it
+/// (`rpc_util.go` `encode`): the Go sidecars fail such a call before it leaves
+/// the process, and the call still counts in their metrics.
+fn marshal_error(cause: &NotUtf8) -> tonic::Status {
+    tonic::Status::internal(format!("grpc: error while marshaling: {cause}"))
 }
 
 /// A failed CSI call.
@@ -246,6 +253,21 @@ impl DriverClient {
         })
     }
 
+    /// A call refused before it is sent because its request cannot be
+    /// marshalled: recorded like any failed call (as the Go sidecars' metrics
+    /// interceptor records it), with grpc-go's status.
+    fn refused(&self, method: &'static str, migrated: bool, cause: &NotUtf8) -> CallError {
+        let status = marshal_error(cause);
+        tracing::trace!(method, %status, "CSI call refused");
+        self.metrics.observe(
+            method,
+            status::go_code_name(status.code()),
+            migrated,
+            Duration::ZERO,
+        );
+        CallError { method, status }
+    }
+
     fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         // Tell the driver the deadline too (grpc-timeout header).
@@ -338,19 +360,24 @@ impl DriverClient {
             secrets,
             migrated,
         } = request;
+        let method = method::CONTROLLER_PUBLISH_VOLUME;
+        let secrets = match secrets.map(Secrets::expose).transpose() {
+            Ok(s) => s.unwrap_or_default(),
+            Err(e) => return Err(self.refused(method, migrated, &e)),
+        };
         let message = proto::ControllerPublishVolumeRequest {
             volume_id,
             node_id,
             volume_capability: Some(capability),
             readonly,
-            secrets: secrets.map(Secrets::expose).unwrap_or_default(),
+            secrets,
             volume_context,
         };
         tracing::trace!(request = ?message, "ControllerPublishVolume");
         let mut c = self.controller.clone();
         let r = self
             .call(
-                method::CONTROLLER_PUBLISH_VOLUME,
+                method,
                 migrated,
                 timeout,
                 c.controller_publish_volume(Self::request(message, timeout)),
@@ -371,15 +398,20 @@ impl DriverClient {
             secrets,
             migrated,
         } = request;
+        let method = method::CONTROLLER_UNPUBLISH_VOLUME;
+        let secrets = match secrets.map(Secrets::expose).transpose() {
+            Ok(s) => s.unwrap_or_default(),
+            Err(e) => return Err(self.refused(method, migrated, &e)),
+        };
         let message = proto::ControllerUnpublishVolumeRequest {
             volume_id,
             node_id,
-            secrets: secrets.map(Secrets::expose).unwrap_or_default(),
+            secrets,
         };
         tracing::trace!(request = ?message, "ControllerUnpublishVolume");
         let mut c = self.controller.clone();
         self.call(
-            method::CONTROLLER_UNPUBLISH_VOLUME,
+            method,
             migrated,
             timeout,
             c.controller_unpublish_volume(Self::request(message, timeout)),
@@ -458,7 +490,17 @@ impl DriverClient {
 
 #[cfg(test)]
 mod tests {
-    use super::capped;
+    use super::{NotUtf8, capped, marshal_error, status};
+
+    #[test]
+    fn an_unmarshalable_request_fails_as_grpc_go_fails_it() {
+        let s = marshal_error(&NotUtf8);
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert_eq!(
+            status::go_error_text(&s),
+            "rpc error: code = Internal desc = grpc: error while marshaling: string field contains invalid UTF-8"
+        );
+    }
 
     #[test]
     fn logged_responses_are_capped_as_external_attacher_caps_them() {

@@ -15,21 +15,23 @@ use attacher_hub::csi::{
         volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode},
     },
 };
+use attacher_hub::mock::CallRecord;
 use attacher_hub::mock::{MockDriver, MockHandle};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    GCEPersistentDiskVolumeSource, HostPathVolumeSource, PersistentVolume, PersistentVolumeSpec,
-    Secret,
+    HostPathVolumeSource, PersistentVolume, PersistentVolumeSpec, Secret,
 };
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeAttachment};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
 use crate::scenarios::{
-    Batch, CsiSpec, DriverName, NodeEntry, Obj, PvSource, Scenario, Step, VaSource, VaState,
+    Batch, CsiSpec, DriverName, NodeEntry, Obj, PvObj, PvSource, PvState, Scenario, SecretValue,
+    Step, VaSource, VaState,
 };
 use crate::snapshot::{Normalizer, PUBLISH, Snapshot, UNPUBLISH};
 use crate::support::{
-    ChildProcess, Cluster, PvBuilder, create_csinode, sanitize_driver_name,
+    ChildProcess, Cluster, PvBuilder, attacher_finalizer, sanitize_driver_name,
     start_reference_attacher, unique_driver_name, unique_name, va, wait_deleted, wait_for,
 };
 
@@ -39,6 +41,10 @@ const WAIT: Duration = Duration::from_secs(45);
 /// Time given to in-flight work (a duplicate publish, a status write) to
 /// land before a snapshot is taken.
 const SNAPSHOT_SETTLE: Duration = Duration::from_millis(500);
+
+/// Pause between the two waits for an attach error (see
+/// `scenarios::VaState::AttachError`): by then the backoff is past 1 s.
+const ERROR_SETTLE: Duration = Duration::from_secs(2);
 
 /// Namespace of the publish Secrets.
 const SECRET_NAMESPACE: &str = "default";
@@ -108,6 +114,7 @@ pub(crate) async fn run_batch(which: Impl, batch: &Batch, log_dir: &Path) -> Vec
         .with(&driver, "<driver>")
         .with(&sanitize_driver_name(&driver), "<driver>")
         .with(&foreign_driver, "<foreign-driver>")
+        .with(&sanitize_driver_name(&foreign_driver), "<foreign-driver>")
         .with(&run_tag, "<run>");
 
     let socket_dir = tempfile::Builder::new()
@@ -217,9 +224,14 @@ impl ScenarioCtx<'_> {
         format!("{}-{}-{role}", self.batch.run_tag, self.scenario.name)
     }
 
-    /// CSI node ID of a node role; the same in both runs.
-    fn node_id(&self, node: &str) -> String {
-        format!("nid-{}-{node}", self.scenario.name)
+    /// CSI node ID of a node role with our driver; the same in both runs.
+    fn node_id(&self, node: &str, entry: NodeEntry) -> String {
+        match entry {
+            NodeEntry::OurDriverAs(suffix) => format!("nid-{}-{node}-{suffix}", self.scenario.name),
+            NodeEntry::OurDriver | NodeEntry::OtherDriverOnly => {
+                format!("nid-{}-{node}", self.scenario.name)
+            }
+        }
     }
 
     /// The scenario's own mock volume.
@@ -227,27 +239,97 @@ impl ScenarioCtx<'_> {
         format!("vol-{}", self.index)
     }
 
+    /// A template with its placeholders filled in (see [`crate::scenarios::PvObj`]).
+    fn fill(&self, template: &str) -> String {
+        let b = self.batch;
+        let mut out = template
+            .replace("{driver}", &b.driver)
+            .replace("{foreign}", &b.foreign_driver)
+            .replace("{finalizer}", &attacher_finalizer(&b.driver))
+            .replace(
+                "{foreign-finalizer}",
+                &attacher_finalizer(&b.foreign_driver),
+            );
+        while let Some(start) = out.find("{name:") {
+            let Some(len) = out[start..].find('}') else {
+                break;
+            };
+            let role = out[start + "{name:".len()..start + len].to_string();
+            out.replace_range(start..=start + len, &self.name(&role));
+        }
+        out
+    }
+
+    /// Every object the scenario creates, at its start or in a step.
+    fn objects(&self) -> impl Iterator<Item = &Obj> {
+        self.scenario
+            .setup
+            .iter()
+            .chain(self.scenario.steps.iter().filter_map(|s| match s {
+                Step::Create(o) => Some(o),
+                _ => None,
+            }))
+    }
+
     /// Volume handles whose calls belong to this scenario.
     fn handles(&self) -> BTreeSet<String> {
         let mut h = BTreeSet::from([self.volume()]);
-        for o in &self.scenario.setup {
-            if let Obj::MockVolume { handle } = o {
-                h.insert((*handle).to_string());
+        for o in self.objects() {
+            match o {
+                Obj::MockVolume { handle } => {
+                    h.insert(self.fill(handle));
+                }
+                Obj::Va {
+                    source:
+                        VaSource::Inline(CsiSpec {
+                            handle: Some(handle),
+                            ..
+                        }),
+                    ..
+                } => {
+                    h.insert(self.fill(handle));
+                }
+                _ => {}
             }
         }
         h
     }
 
-    /// The node role of a VA role.
+    /// Node IDs of this scenario's nodes: a call to one of them belongs to
+    /// the scenario whatever volume it names (a wrongly translated handle
+    /// shows up in the comparison instead of being filtered out).
+    fn node_ids(&self) -> BTreeSet<String> {
+        let mut ids = BTreeSet::new();
+        for o in self.objects() {
+            if let Obj::CsiNode { node, entry } = o {
+                ids.insert(self.node_id(node, *entry));
+            }
+        }
+        ids
+    }
+
+    /// The node role of a VA role (as first created).
     fn va_node(&self, va_role: &str) -> &'static str {
-        self.scenario
-            .setup
-            .iter()
+        self.objects()
             .find_map(|o| match o {
                 Obj::Va { name, node, .. } if *name == va_role => Some(*node),
                 _ => None,
             })
             .unwrap_or_else(|| panic!("scenario {} has no VA {va_role}", self.scenario.name))
+    }
+
+    /// The scenario's calls to the mock, oldest first.
+    fn calls(&self) -> Vec<CallRecord> {
+        let (handles, nodes) = (self.handles(), self.node_ids());
+        self.batch
+            .mock
+            .calls()
+            .into_iter()
+            .filter(|c| {
+                (c.method == PUBLISH || c.method == UNPUBLISH)
+                    && (handles.contains(&c.volume_id) || nodes.contains(&c.node_id))
+            })
+            .collect()
     }
 
     fn vas(&self) -> Api<VolumeAttachment> {
@@ -256,6 +338,10 @@ impl ScenarioCtx<'_> {
 
     fn pvs(&self) -> Api<PersistentVolume> {
         Api::all(self.batch.client.clone())
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.batch.client.clone(), SECRET_NAMESPACE)
     }
 }
 
@@ -281,7 +367,7 @@ async fn run_scenario(
             create(&ctx, obj, &mut created).await?;
         }
         for step in &scenario.steps {
-            run_step(&ctx, step, &mut checkpoints).await?;
+            run_step(&ctx, step, &mut checkpoints, &mut created).await?;
         }
         Ok::<(), String>(())
     }
@@ -312,41 +398,79 @@ async fn run_step(
     ctx: &ScenarioCtx<'_>,
     step: &Step,
     checkpoints: &mut Vec<(String, Snapshot)>,
+    created: &mut Created,
 ) -> Result<(), String> {
     let n = &ctx.batch.normalizer;
     match step {
         Step::Wait(role, state) => wait_va(ctx, role, *state).await?,
-        Step::WaitPvGone(role) => wait_deleted(&ctx.pvs(), &ctx.name(role), WAIT)
-            .await
-            .map_err(|e| n.apply(&e.to_string()))?,
+        Step::WaitPv(role, state) => {
+            let result = match state {
+                PvState::Gone => wait_deleted(&ctx.pvs(), &ctx.name(role), WAIT).await,
+                PvState::Released => {
+                    let finalizer = attacher_finalizer(&ctx.batch.driver);
+                    wait_for(
+                        &ctx.pvs(),
+                        &ctx.name(role),
+                        &format!("no finalizer {finalizer}"),
+                        move |pv: Option<&PersistentVolume>| {
+                            pv.is_some_and(|pv| {
+                                !pv.metadata
+                                    .finalizers
+                                    .iter()
+                                    .flatten()
+                                    .any(|f| *f == finalizer)
+                            })
+                        },
+                        WAIT,
+                    )
+                    .await
+                    .map(drop)
+                }
+            };
+            result.map_err(|e| n.apply(&format!("PV {role}: {e}")))?;
+        }
         Step::WaitRepublished(role) => {
-            let (volume, node) = (ctx.volume(), ctx.node_id(ctx.va_node(role)));
-            let start = Instant::now();
-            loop {
-                let calls = ctx.batch.mock.calls();
-                let ours = calls
-                    .iter()
-                    .filter(|c| c.volume_id == volume && c.node_id == node);
-                let after_unpublish = ours
-                    .skip_while(|c| c.method != UNPUBLISH)
-                    .filter(|c| c.method == PUBLISH && c.code.as_deref() == Some("Ok"))
-                    .count();
-                if after_unpublish > 0 {
-                    break;
-                }
-                if start.elapsed() > WAIT {
-                    return Err(format!(
-                        "no successful ControllerPublishVolume of {volume}@{node} after its unpublish within {WAIT:?}"
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let node = ctx.node_id(ctx.va_node(role), NodeEntry::OurDriver);
+            let volume = ctx.volume();
+            wait_calls(
+                ctx,
+                &format!(
+                    "a successful ControllerPublishVolume of {volume}@{node} after its unpublish"
+                ),
+                |calls| {
+                    calls
+                        .iter()
+                        .filter(|c| c.volume_id == volume && c.node_id == node)
+                        .skip_while(|c| c.method != UNPUBLISH)
+                        .any(|c| c.method == PUBLISH && c.code.as_deref() == Some("Ok"))
+                },
+            )
+            .await?;
+        }
+        Step::WaitCall {
+            node,
+            entry,
+            method,
+            code,
+        } => {
+            let node = ctx.node_id(node, *entry);
+            wait_calls(
+                ctx,
+                &format!("a {method} to {node} answered {code}"),
+                |calls| {
+                    calls.iter().any(|c| {
+                        c.method == *method && c.node_id == node && c.code.as_deref() == Some(*code)
+                    })
+                },
+            )
+            .await?;
         }
         Step::Pause(d) => tokio::time::sleep(*d).await,
         Step::Snapshot(label) => {
             tokio::time::sleep(SNAPSHOT_SETTLE).await;
             checkpoints.push((label.to_string(), snapshot(ctx).await));
         }
+        Step::Create(obj) => create(ctx, obj, created).await?,
         Step::DeleteVa(role) => {
             ctx.vas()
                 .delete(&ctx.name(role), &DeleteParams::default())
@@ -360,10 +484,33 @@ async fn run_step(
                 .map_err(|e| format!("deleting PV {role}: {e}"))?;
         }
         Step::DeleteCsiNode(role) => {
-            Api::<CSINode>::all(ctx.batch.client.clone())
-                .delete(&ctx.name(role), &DeleteParams::default())
+            let api = Api::<CSINode>::all(ctx.batch.client.clone());
+            api.delete(&ctx.name(role), &DeleteParams::default())
                 .await
                 .map_err(|e| format!("deleting CSINode {role}: {e}"))?;
+            // Gone from the API before anything re-creates it.
+            wait_deleted(&api, &ctx.name(role), WAIT)
+                .await
+                .map_err(|e| n.apply(&format!("CSINode {role}: {e}")))?;
+        }
+        Step::SetSecret(role, data) => {
+            // One write replacing `data` whole, so no reader ever sees a
+            // half-updated Secret.
+            let api = ctx.secrets();
+            let mut secret = api
+                .get(&ctx.name(role))
+                .await
+                .map_err(|e| format!("reading Secret {role}: {e}"))?;
+            secret.data = Some(secret_data(data));
+            api.replace(&ctx.name(role), &PostParams::default(), &secret)
+                .await
+                .map_err(|e| format!("updating Secret {role}: {e}"))?;
+        }
+        Step::DeleteSecret(role) => {
+            ctx.secrets()
+                .delete(&ctx.name(role), &DeleteParams::default())
+                .await
+                .map_err(|e| format!("deleting Secret {role}: {e}"))?;
         }
         Step::Fault(method, fault) => ctx.batch.mock.set_fault(method, fault.clone()),
         Step::ClearFaults => ctx.batch.mock.clear_faults(),
@@ -371,7 +518,7 @@ async fn run_step(
             let mut c = controller(&ctx.batch.socket).await?;
             c.controller_unpublish_volume(proto::ControllerUnpublishVolumeRequest {
                 volume_id: ctx.volume(),
-                node_id: ctx.node_id(ctx.va_node(role)),
+                node_id: ctx.node_id(ctx.va_node(role), NodeEntry::OurDriver),
                 secrets: Default::default(),
             })
             .await
@@ -379,6 +526,29 @@ async fn run_step(
         }
     }
     Ok(())
+}
+
+/// Waits until the scenario's calls satisfy `done`.
+async fn wait_calls(
+    ctx: &ScenarioCtx<'_>,
+    what: &str,
+    done: impl Fn(&[CallRecord]) -> bool,
+) -> Result<(), String> {
+    let start = Instant::now();
+    while !done(&ctx.calls()) {
+        if start.elapsed() > WAIT {
+            return Err(format!("no {what} within {WAIT:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// A Secret's `data`, base64-encoded as the API wants it.
+fn secret_data(data: &[(&str, SecretValue)]) -> BTreeMap<String, ByteString> {
+    data.iter()
+        .map(|(k, v)| ((*k).to_string(), ByteString(v.bytes())))
+        .collect()
 }
 
 async fn wait_va(ctx: &ScenarioCtx<'_>, role: &str, state: VaState) -> Result<(), String> {
@@ -395,20 +565,31 @@ async fn wait_va(ctx: &ScenarioCtx<'_>, role: &str, state: VaState) -> Result<()
         )
         .await
         .map(drop),
-        VaState::AttachError(text) => wait_for(
-            &api,
-            &name,
-            &format!("status.attachError.message containing {text:?}"),
-            move |va: Option<&VolumeAttachment>| {
-                status(va)
-                    .and_then(|s| s.attach_error)
-                    .and_then(|e| e.message)
-                    .is_some_and(|m| m.contains(text))
-            },
-            WAIT,
-        )
-        .await
-        .map(drop),
+        VaState::AttachError(text) => {
+            let what = format!("status.attachError.message containing {text:?}");
+            let wait = || {
+                wait_for(
+                    &api,
+                    &name,
+                    &what,
+                    move |va: Option<&VolumeAttachment>| {
+                        status(va)
+                            .and_then(|s| s.attach_error)
+                            .and_then(|e| e.message)
+                            .is_some_and(|m| m.contains(text))
+                    },
+                    WAIT,
+                )
+            };
+            // Once more after the backoff has grown (see VaState::AttachError).
+            match wait().await {
+                Ok(_) => {
+                    tokio::time::sleep(ERROR_SETTLE).await;
+                    wait().await.map(drop)
+                }
+                Err(e) => Err(e),
+            }
+        }
         VaState::DetachError(text) => wait_for(
             &api,
             &name,
@@ -432,30 +613,21 @@ async fn wait_va(ctx: &ScenarioCtx<'_>, role: &str, state: VaState) -> Result<()
 async fn snapshot(ctx: &ScenarioCtx<'_>) -> Snapshot {
     let n = &ctx.batch.normalizer;
     let mut s = Snapshot::default();
-    for obj in &ctx.scenario.setup {
+    let mut seen = BTreeSet::new();
+    for obj in ctx.objects() {
         match obj {
-            Obj::Va { name, .. } => {
+            Obj::Va { name, .. } if seen.insert(("va", *name)) => {
                 let va = ctx.vas().get_opt(&ctx.name(name)).await.ok().flatten();
                 s.va(name, va.as_ref(), n);
             }
-            Obj::Pv { name, .. } => {
+            Obj::Pv(PvObj { name, .. }) if seen.insert(("pv", *name)) => {
                 let pv = ctx.pvs().get_opt(&ctx.name(name)).await.ok().flatten();
                 s.pv(name, pv.as_ref(), n);
             }
             _ => {}
         }
     }
-    let handles = ctx.handles();
-    let calls: Vec<_> = ctx
-        .batch
-        .mock
-        .calls()
-        .into_iter()
-        .filter(|c| {
-            (c.method == PUBLISH || c.method == UNPUBLISH) && handles.contains(&c.volume_id)
-        })
-        .collect();
-    s.calls(&calls, n);
+    s.calls(&ctx.calls(), n);
     s
 }
 
@@ -473,8 +645,9 @@ async fn controller(socket: &Path) -> Result<ControllerClient<tonic::transport::
 
 /// The CSI source, access modes and volume mode of a PV or inline spec.
 fn csi_spec(ctx: &ScenarioCtx<'_>, spec: &CsiSpec) -> PersistentVolumeSpec {
+    let handle = spec.handle.map_or_else(|| ctx.volume(), |h| ctx.fill(h));
     let mut b =
-        PvBuilder::new("unused", &ctx.batch.driver, &ctx.volume()).access_modes(spec.access_modes);
+        PvBuilder::new("unused", &ctx.batch.driver, &handle).access_modes(spec.access_modes);
     if spec.block {
         b = b.volume_mode("Block");
     }
@@ -493,46 +666,68 @@ fn csi_spec(ctx: &ScenarioCtx<'_>, spec: &CsiSpec) -> PersistentVolumeSpec {
     b.build().spec.expect("the builder sets a spec")
 }
 
+fn remember(list: &mut Vec<String>, name: String) {
+    if !list.contains(&name) {
+        list.push(name);
+    }
+}
+
 async fn create(ctx: &ScenarioCtx<'_>, obj: &Obj, created: &mut Created) -> Result<(), String> {
     let client = &ctx.batch.client;
     let pp = PostParams::default();
     match obj {
         Obj::CsiNode { node, entry } => {
             let name = ctx.name(node);
-            match entry {
-                NodeEntry::OurDriver => {
-                    create_csinode(client, &name, &ctx.batch.driver, &ctx.node_id(node)).await
+            let (driver, id) = match entry {
+                NodeEntry::OurDriver | NodeEntry::OurDriverAs(_) => {
+                    (ctx.batch.driver.clone(), ctx.node_id(node, *entry))
                 }
                 NodeEntry::OtherDriverOnly => {
-                    create_csinode(client, &name, &ctx.batch.foreign_driver, "foreign-node").await
+                    (ctx.batch.foreign_driver.clone(), "foreign-node".to_string())
                 }
             };
-            created.csinodes.push(name);
+            let csinode = CSINode {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: CSINodeSpec {
+                    drivers: vec![CSINodeDriver {
+                        name: driver,
+                        node_id: id,
+                        ..CSINodeDriver::default()
+                    }],
+                },
+            };
+            Api::<CSINode>::all(client.clone())
+                .create(&pp, &csinode)
+                .await
+                .map_err(|e| format!("creating CSINode {node}: {e}"))?;
+            remember(&mut created.csinodes, name);
         }
         Obj::Secret { name, data } => {
             let secret = Secret {
-                metadata: kube::api::ObjectMeta {
+                metadata: ObjectMeta {
                     name: Some(ctx.name(name)),
-                    ..Default::default()
+                    ..ObjectMeta::default()
                 },
-                string_data: Some(
-                    data.iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
+                data: Some(secret_data(data)),
                 ..Default::default()
             };
-            Api::<Secret>::namespaced(client.clone(), SECRET_NAMESPACE)
+            ctx.secrets()
                 .create(&pp, &secret)
                 .await
                 .map_err(|e| format!("creating Secret {name}: {e}"))?;
-            created.secrets.push(ctx.name(name));
+            remember(&mut created.secrets, ctx.name(name));
         }
-        Obj::Pv {
+        Obj::Pv(PvObj {
             name,
             source,
             deleting,
-        } => {
+            finalizers,
+            labels,
+            annotations,
+        }) => {
             let pv_name = ctx.name(name);
             let mut pv = PvBuilder::new(&pv_name, &ctx.batch.driver, &ctx.volume()).build();
             let spec = pv.spec.as_mut().expect("the builder sets a spec");
@@ -550,33 +745,45 @@ async fn create(ctx: &ScenarioCtx<'_>, obj: &Obj, created: &mut Created) -> Resu
                         type_: None,
                     });
                 }
-                PvSource::GcePd {
-                    pd_name,
-                    zone,
-                    fs_type,
-                    partition,
-                } => {
-                    spec.csi = None;
-                    spec.gce_persistent_disk = Some(GCEPersistentDiskVolumeSource {
-                        pd_name: pd_name.to_string(),
-                        fs_type: Some(fs_type.to_string()),
-                        partition: Some(*partition),
-                        read_only: None,
-                    });
-                    pv.metadata.labels = Some(BTreeMap::from([(
-                        "topology.kubernetes.io/zone".to_string(),
-                        zone.to_string(),
-                    )]));
+                PvSource::InTree(in_tree) => {
+                    let in_tree = (**in_tree).clone();
+                    *spec = PersistentVolumeSpec {
+                        capacity: spec.capacity.take(),
+                        persistent_volume_reclaim_policy: spec
+                            .persistent_volume_reclaim_policy
+                            .take(),
+                        ..in_tree
+                    };
                 }
             }
-            if *deleting {
-                pv.metadata.finalizers = Some(vec!["test/keep".to_string()]);
+            let mut finalizers: Vec<String> = finalizers.iter().map(|f| ctx.fill(f)).collect();
+            if *deleting && finalizers.is_empty() {
+                finalizers.push("test/keep".to_string());
+            }
+            if !finalizers.is_empty() {
+                pv.metadata.finalizers = Some(finalizers);
+            }
+            if !labels.is_empty() {
+                pv.metadata.labels = Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                        .collect(),
+                );
+            }
+            if !annotations.is_empty() {
+                pv.metadata.annotations = Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| ((*k).to_string(), ctx.fill(v)))
+                        .collect(),
+                );
             }
             let api = ctx.pvs();
             api.create(&pp, &pv)
                 .await
                 .map_err(|e| format!("creating PV {name}: {e}"))?;
-            created.pvs.push(pv_name.clone());
+            remember(&mut created.pvs, pv_name.clone());
             if *deleting {
                 api.delete(&pv_name, &DeleteParams::default())
                     .await
@@ -614,12 +821,13 @@ async fn create(ctx: &ScenarioCtx<'_>, obj: &Obj, created: &mut Created) -> Resu
                 .create(&pp, &obj)
                 .await
                 .map_err(|e| format!("creating VA {name}: {e}"))?;
-            created.vas.push(ctx.name(name));
+            remember(&mut created.vas, ctx.name(name));
         }
         Obj::MockVolume { handle } => {
+            let handle = ctx.fill(handle);
             let mut c = controller(&ctx.batch.socket).await?;
             c.create_volume(proto::CreateVolumeRequest {
-                name: handle.to_string(),
+                name: handle.clone(),
                 volume_capabilities: vec![proto::VolumeCapability {
                     access_type: Some(AccessType::Mount(MountVolume::default())),
                     access_mode: Some(AccessMode {

@@ -160,14 +160,26 @@ impl Snapshot {
     /// Records the Controller(Un)Publish calls (already filtered to the
     /// scenario's volumes), grouped per volume and node, with consecutive
     /// identical calls collapsed into one entry and a count.
+    ///
+    /// Calls are taken in the order they *arrived* at the mock (the order the
+    /// attacher made them), not the order they were recorded in: the mock
+    /// records a call when it ends, and a call the attacher gave up on may end
+    /// at a time that depends on scheduling only.
     pub(crate) fn calls(&mut self, calls: &[CallRecord], n: &Normalizer) {
+        let mut calls: Vec<&CallRecord> = calls.iter().collect();
+        calls.sort_by_key(|c| c.time_unix_ms);
         let mut groups: BTreeMap<String, Vec<(String, &CallRecord, usize)>> = BTreeMap::new();
-        for c in calls {
+        for c in calls.iter().copied() {
             let group = n.apply(&format!("{}@{}", c.volume_id, c.node_id));
             let text = n.apply(&render(c));
             let entries = groups.entry(group).or_default();
             match entries.last_mut() {
                 Some((last, _, count)) if *last == text => *count += 1,
+                // A successful publish right after a successful publish is a
+                // repeat of it (spec 3.12): it counts towards the first
+                // entry even if a Secret changed in between (the Go
+                // attacher's repeat may read it after the change).
+                Some((_, first, count)) if ok_publish(first) && ok_publish(c) => *count += 1,
                 _ => entries.push((text, c, 1)),
             }
         }
@@ -200,6 +212,33 @@ impl Snapshot {
     }
 }
 
+fn ok_publish(c: &CallRecord) -> bool {
+    c.method == PUBLISH && c.code.as_deref() == Some("Ok")
+}
+
+/// Secret values longer than this are shown by length and hash.
+const LONG_VALUE: usize = 64;
+
+/// The secrets of a call, long values abbreviated (still compared exactly).
+fn secrets(c: &CallRecord) -> String {
+    use std::hash::{Hash, Hasher};
+    let shown: BTreeMap<&str, String> = c
+        .secrets
+        .iter()
+        .map(|(k, v)| {
+            let v = if v.len() > LONG_VALUE {
+                let mut h = std::hash::DefaultHasher::new();
+                v.hash(&mut h);
+                format!("<{} bytes, hash {:016x}>", v.len(), h.finish())
+            } else {
+                v.clone()
+            };
+            (k.as_str(), v)
+        })
+        .collect();
+    json(&shown)
+}
+
 /// One call as a line: everything the attacher chose, and the answer.
 fn render(c: &CallRecord) -> String {
     let answer = c.code.as_deref().unwrap_or("no answer (caller gave up)");
@@ -212,10 +251,10 @@ fn render(c: &CallRecord) -> String {
             c.access_type,
             c.fs_type,
             json(&c.volume_context),
-            json(&c.secrets),
+            secrets(c),
         )
     } else {
-        format!("{} secrets={} -> {answer}", c.method, json(&c.secrets))
+        format!("{} secrets={} -> {answer}", c.method, secrets(c))
     }
 }
 
@@ -234,6 +273,14 @@ impl Differences {
     }
 }
 
+/// Most successful ControllerUnpublishVolume calls in a row for one detach.
+///
+/// One is the rule. A second can come from a re-sync that reads the VA from
+/// a cache that does not show the removed finalizer yet (an older backoff
+/// entry or event firing right after the detach); both attachers can do
+/// that, depending on timing only.
+const MAX_OK_UNPUBLISHES: usize = 2;
+
 /// Every difference between the Go snapshot and the hub snapshot of one
 /// checkpoint; empty when they agree.
 ///
@@ -241,7 +288,8 @@ impl Differences {
 /// * a ControllerPublishVolume answered OK: the hub may call it *fewer*
 ///   times than Go (no duplicate publish caused by its own writes, spec 3.12)
 ///   and must call it exactly once;
-/// * a ControllerUnpublishVolume answered OK: the same number of times;
+/// * a ControllerUnpublishVolume answered OK: once, or twice (see
+///   [`MAX_OK_UNPUBLISHES`]), on both sides;
 /// * failed calls are retries whose number depends on timing: not compared.
 pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Differences {
     let mut out = Differences::default();
@@ -272,9 +320,9 @@ pub(crate) fn compare(go: &Snapshot, hub: &Snapshot) -> Differences {
         }
         let g = go.counts.get(k).copied().unwrap_or(0);
         let h = hub.counts.get(k).copied().unwrap_or(0);
-        if g != h {
+        if !(1..=MAX_OK_UNPUBLISHES).contains(&h) || !(1..=MAX_OK_UNPUBLISHES).contains(&g) {
             out.fields.push(format!(
-                "{k}: successful ControllerUnpublishVolume made {h} time(s) in a row by the hub, {g} by Go"
+                "{k}: successful ControllerUnpublishVolume made {h} time(s) in a row by the hub, {g} by Go (once, or twice after a stale re-sync, is expected)"
             ));
         }
     }
@@ -316,6 +364,92 @@ mod tests {
         assert!(compare(&go, &hub).is_empty(), "{:?}", compare(&go, &hub));
         // The hub publishing more often than Go is a difference.
         assert!(!compare(&hub, &go).is_empty());
+    }
+
+    #[test]
+    fn calls_are_compared_in_arrival_order_as_properties() {
+        let n = Normalizer::default();
+        let at = |mut c: CallRecord, ms: u64| {
+            c.time_unix_ms = ms;
+            c
+        };
+        let timed_out = |ms| {
+            let mut c = call(PUBLISH, "Ok");
+            c.code = None;
+            at(c, ms)
+        };
+        // Go: three calls timed out, one of them recorded after the
+        // successful retry (it ended late), then the publish, repeated.
+        let mut go = Snapshot::default();
+        go.calls(
+            &[
+                timed_out(1),
+                timed_out(3),
+                at(call(PUBLISH, "Ok"), 7),
+                timed_out(5),
+                at(call(PUBLISH, "Ok"), 8),
+            ],
+            &n,
+        );
+        // The hub: two timeouts, one publish.
+        let mut hub = Snapshot::default();
+        hub.calls(
+            &[timed_out(2), timed_out(4), at(call(PUBLISH, "Ok"), 6)],
+            &n,
+        );
+        assert!(compare(&go, &hub).is_empty(), "{:?}", compare(&go, &hub));
+
+        // A repeated publish may carry a Secret changed in between.
+        let mut changed = call(PUBLISH, "Ok");
+        changed.secrets.insert("password".into(), "v2".into());
+        let mut go = Snapshot::default();
+        go.calls(&[at(call(PUBLISH, "Ok"), 1), at(changed.clone(), 2)], &n);
+        let mut hub = Snapshot::default();
+        hub.calls(&[at(call(PUBLISH, "Ok"), 1)], &n);
+        assert!(compare(&go, &hub).is_empty(), "{:?}", compare(&go, &hub));
+        // ... but the hub may not repeat it.
+        let mut hub = Snapshot::default();
+        hub.calls(&[at(call(PUBLISH, "Ok"), 1), at(changed, 2)], &n);
+        assert!(!compare(&go, &hub).duplicate_publishes.is_empty());
+
+        // No successful call at all, or none before the failures: different.
+        let mut hub = Snapshot::default();
+        hub.calls(&[timed_out(2), timed_out(4)], &n);
+        assert!(!compare(&go, &hub).is_empty());
+        let mut hub = Snapshot::default();
+        hub.calls(&[at(call(PUBLISH, "Ok"), 1), timed_out(2)], &n);
+        assert!(!compare(&go, &hub).is_empty());
+    }
+
+    #[test]
+    fn a_detach_unpublishes_once_or_twice_on_either_side() {
+        let n = Normalizer::default();
+        let unpublishes = |k: usize| {
+            let mut s = Snapshot::default();
+            s.calls(&vec![call(UNPUBLISH, "Ok"); k], &n);
+            s
+        };
+        assert!(compare(&unpublishes(1), &unpublishes(2)).is_empty());
+        assert!(compare(&unpublishes(2), &unpublishes(1)).is_empty());
+        assert!(!compare(&unpublishes(1), &unpublishes(3)).is_empty());
+        assert!(!compare(&unpublishes(3), &unpublishes(1)).is_empty());
+        assert!(!compare(&unpublishes(1), &unpublishes(0)).is_empty());
+    }
+
+    #[test]
+    fn long_secret_values_are_abbreviated_but_still_compared() {
+        let n = Normalizer::default();
+        let with = |v: String| {
+            let mut c = call(PUBLISH, "Ok");
+            c.secrets.insert("big".into(), v);
+            let mut s = Snapshot::default();
+            s.calls(&[c], &n);
+            s
+        };
+        let a = with("a".repeat(1000));
+        assert!(a.fields.values().any(|f| f.contains("<1000 bytes, hash ")));
+        assert!(compare(&a, &with("a".repeat(1000))).is_empty());
+        assert!(!compare(&a, &with(format!("{}b", "a".repeat(999)))).is_empty());
     }
 
     #[test]

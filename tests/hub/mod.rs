@@ -291,6 +291,15 @@ pub(crate) struct RustMock {
 impl RustMock {
     /// Serves `name` with `volumes` pre-created volumes (`vol-0` …).
     pub(crate) async fn start(name: &str, volumes: usize) -> RustMock {
+        Self::start_with(name, volumes, attacher_hub::mock::Capabilities::default()).await
+    }
+
+    /// As [`RustMock::start`], advertising `capabilities`.
+    pub(crate) async fn start_with(
+        name: &str,
+        volumes: usize,
+        capabilities: attacher_hub::mock::Capabilities,
+    ) -> RustMock {
         let dir = tempfile::Builder::new()
             .prefix("ah-hub-")
             .tempdir()
@@ -298,6 +307,7 @@ impl RustMock {
         let socket = dir.path().join("csi.sock");
         let handle = MockDriver::new(name)
             .volumes(volumes)
+            .capabilities(capabilities)
             .serve(&socket)
             .await
             .unwrap_or_else(|e| panic!("serving mock {name}: {e}"));
