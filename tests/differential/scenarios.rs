@@ -1402,13 +1402,6 @@ fn attach_error(expect: &'static str) -> Vec<Step> {
 
 /// Marks a scenario whose only difference is the in-tree translation
 /// (`controller::attachment`, issue 10 items 1-2, fixed on another branch).
-fn translation(s: Scenario, cause: &'static str) -> Scenario {
-    Scenario {
-        known_difference: Some(cause),
-        ..s
-    }
-}
-
 /// One batch per CSI-migration driver (a fixed driver name each).
 fn in_tree_batches() -> Vec<Batch> {
     use k8s_openapi::api::core::v1::{
@@ -1922,7 +1915,7 @@ fn in_tree_batches() -> Vec<Batch> {
             ),
         ],
     );
-    let mut batches = vec![
+    vec![
         gce_batch,
         ebs_batch,
         azure_disk_batch,
@@ -1930,80 +1923,5 @@ fn in_tree_batches() -> Vec<Batch> {
         cinder_batch,
         vsphere_batch,
         portworx_batch,
-    ];
-    for b in &mut batches {
-        let scenarios = std::mem::take(&mut b.scenarios);
-        b.scenarios = scenarios
-            .into_iter()
-            .map(
-                |s| match TRANSLATION_DIFFERENCES.iter().find(|(n, _)| *n == s.name) {
-                    Some((_, cause)) => translation(s, cause),
-                    None => s,
-                },
-            )
-            .collect();
-    }
-    batches
+    ]
 }
-
-/// In-tree scenarios that differ only because of attacher-hub's in-tree
-/// translation (`controller::attachment`), which is being fixed separately
-/// (issue 10 items 1-2): remove a row once its scenario agrees.
-const TRANSLATION_DIFFERENCES: &[(&str, &str)] = &[
-    (
-        "gce-pd-regional",
-        "translation: a GCE PD without partition must carry the attribute \"partition\": \"\"",
-    ),
-    (
-        "gce-pd-no-zone-block",
-        "translation: a GCE PD without partition must carry the attribute \"partition\": \"\"",
-    ),
-    (
-        "gce-pd-migrated-to",
-        "translation: a GCE PD without partition must carry the attribute \"partition\": \"\"",
-    ),
-    (
-        "gce-pd-beta-zone-label",
-        "translation: the failure-domain.beta zone label must win over topology.kubernetes.io/zone; partition 0 must be sent as \"\"",
-    ),
-    (
-        "ebs-url-id",
-        "translation: an EBS partition of 0 must be sent as \"partition\": \"0\"",
-    ),
-    (
-        "ebs-bad-id",
-        "translation: the error must start with \"failed to translate in tree pv to CSI: \"",
-    ),
-    (
-        "azure-disk-managed",
-        "translation: Azure Disk attribute keys are lower-case (cachingmode, fstype)",
-    ),
-    (
-        "azure-disk-caching-none",
-        "translation: Azure Disk attribute keys are lower-case (cachingmode, fstype)",
-    ),
-    (
-        "azure-disk-defaults",
-        "translation: an Azure Disk of a kind other than Managed (here the API default, Shared) must fail (\"kind(Shared) is not supported in csi migration\")",
-    ),
-    (
-        "azure-file-secret-ns",
-        "translation: the Azure File handle must contain the PV name (rg#account#share#pv#namespace)",
-    ),
-    (
-        "azure-file-claim-ns",
-        "translation: the Azure File handle must contain the PV name, its namespace must come from the claimRef",
-    ),
-    (
-        "azure-file-no-namespace",
-        "translation: an Azure File PV with neither secretNamespace nor claimRef must fail (\"could not find a secret namespace in PersistentVolumeSource or ClaimRef\")",
-    ),
-    (
-        "portworx-auth-secret",
-        "translation: the openstorage.io/auth-secret-name/-namespace annotations must become the controller-publish secret",
-    ),
-    (
-        "portworx-plain",
-        "translation: csi-translation-lib does not carry a Portworx volume's readOnly over (readonly=false is sent)",
-    ),
-];
