@@ -11,7 +11,10 @@
 
 use std::{
     collections::BTreeMap,
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -20,39 +23,47 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
     jiff::Timestamp,
 };
-use kube::{
-    Api,
-    api::{ListParams, PostParams},
-};
+use kube::{Api, api::PostParams};
+use tokio::time::Instant;
 
 /// Label on presence Leases.
 pub const REPLICA_LABEL: &str = "attacher-hub.kubernetes.io/replica";
+/// Label on presence Leases naming the replica group: replicas that serve the same driver
+/// sockets share their drivers; replicas of another group (a DaemonSet next to a Deployment,
+/// nodes with other sockets) are not counted, so no group leaves one of its drivers unled
+/// waiting for a replica that cannot serve it.
+pub const REPLICA_GROUP_LABEL: &str = "attacher-hub.kubernetes.io/replica-group";
 /// Name prefix of presence Leases.
 pub const REPLICA_LEASE_PREFIX: &str = "attacher-hub-replica-";
 
-/// How many driver Leases this replica may hold, and how many it holds.
-#[derive(Debug)]
-pub struct Balance {
-    /// The fair share; `usize::MAX` when leadership is not balanced (one
-    /// replica, sidecar mode, or before the first count).
-    share: AtomicUsize,
-    /// Driver Leases held now.
-    leading: AtomicUsize,
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-impl Default for Balance {
-    fn default() -> Self {
-        Self {
-            share: AtomicUsize::new(usize::MAX),
-            leading: AtomicUsize::new(0),
-        }
-    }
+/// How many driver Leases this replica may hold, and how many it holds.
+#[derive(Debug, Default)]
+pub struct Balance {
+    /// Driver Leases held now.
+    leading: AtomicUsize,
+    /// What the share is computed from, at the moment it is asked for.
+    shares: Mutex<Shares>,
+}
+
+/// The inputs of the fair share.
+#[derive(Debug, Default)]
+struct Shares {
+    /// Set once a first round has counted the replicas; before that there is no limit.
+    counted: bool,
+    /// Driver Leases the group shares (0: no limit).
+    drivers: usize,
+    /// When each other live replica of the group stops counting unless it renews (local clock).
+    others: Vec<Instant>,
 }
 
 impl Balance {
     /// Whether this replica may try to acquire one more driver Lease.
     pub fn may_acquire(&self) -> bool {
-        self.leading.load(Ordering::Acquire) < self.share.load(Ordering::Acquire)
+        self.leading() < self.share()
     }
 
     /// Records that a driver Lease was won (`true`) or given up (`false`).
@@ -71,9 +82,17 @@ impl Balance {
         self.leading.load(Ordering::Acquire)
     }
 
-    /// The current share.
+    /// The current share: `usize::MAX` before the first count or without drivers, else the
+    /// group's drivers divided by the replicas live *now*. A replica that died stops counting
+    /// the moment its presence Lease expires, not at the next round.
     pub fn share(&self) -> usize {
-        self.share.load(Ordering::Acquire)
+        let shares = lock(&self.shares);
+        if !shares.counted || shares.drivers == 0 {
+            return usize::MAX;
+        }
+        let now = Instant::now();
+        let live = 1 + shares.others.iter().filter(|e| **e > now).count();
+        fair_share(shares.drivers, live)
     }
 
     /// How many Leases to hand back now.
@@ -81,8 +100,13 @@ impl Balance {
         self.leading().saturating_sub(self.share())
     }
 
-    fn set_share(&self, share: usize) {
-        self.share.store(share, Ordering::Release);
+    /// The group's drivers and the expiry of each other live replica's presence.
+    fn set(&self, drivers: usize, others: Vec<Instant>) {
+        *lock(&self.shares) = Shares {
+            counted: true,
+            drivers,
+            others,
+        };
     }
 }
 
@@ -97,16 +121,55 @@ pub fn replica_lease_name(identity: &str) -> String {
     format!("{REPLICA_LEASE_PREFIX}{}", identity.to_lowercase())
 }
 
-/// Whether a presence Lease was renewed within its duration of `now`.
-fn is_live(lease: &Lease, now: Timestamp) -> bool {
-    let Some(spec) = &lease.spec else {
-        return false;
-    };
-    let (Some(renew), Some(secs)) = (&spec.renew_time, spec.lease_duration_seconds) else {
-        return false;
-    };
+/// The replica group of a replica serving `sockets`: a stable hash of the sorted socket
+/// addresses (FNV-1a, so that replicas of different builds agree), as a label value.
+pub fn group_key<'a>(sockets: impl IntoIterator<Item = &'a str>) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut sorted: Vec<&str> = sockets.into_iter().collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut hash = OFFSET;
+    for socket in sorted {
+        for byte in socket.bytes().chain([0]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(PRIME);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// When the presence Lease `lease` stops counting, on the local clock: its renew time plus its
+/// duration, measured against `now_wall` (the same instant as `now`). `None` when it has
+/// already expired or is not a presence record.
+fn expiry(lease: &Lease, now_wall: Timestamp, now: Instant) -> Option<Instant> {
+    let spec = lease.spec.as_ref()?;
+    let (renew, secs) = (spec.renew_time.as_ref()?, spec.lease_duration_seconds?);
     let expires = renew.0 + Duration::from_secs(u64::try_from(secs.max(0)).unwrap_or(0));
-    expires > now
+    let left = now_wall.duration_until(expires);
+    let left = Duration::try_from(left).ok().filter(|d| !d.is_zero())?;
+    Some(now + left)
+}
+
+/// The other live replicas of `group` among `leases`, as the local instants at which each
+/// stops counting.
+pub fn others_in_group(
+    leases: &[Lease],
+    own_name: &str,
+    group: &str,
+    now_wall: Timestamp,
+    now: Instant,
+) -> Vec<Instant> {
+    leases
+        .iter()
+        .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n != own_name))
+        .filter(|l| {
+            let labels = l.metadata.labels.as_ref();
+            let label = |k: &str| labels.and_then(|m| m.get(k)).map(String::as_str);
+            label(REPLICA_LABEL) == Some("true") && label(REPLICA_GROUP_LABEL) == Some(group)
+        })
+        .filter_map(|l| expiry(l, now_wall, now))
+        .collect()
 }
 
 /// Keeps this replica's presence Lease and recomputes the share.
@@ -116,27 +179,40 @@ pub struct Presence {
     name: String,
     identity: String,
     lease_duration: Duration,
+    /// Bound of each API call: a call slower than a balancing period is as good as failed.
+    call_timeout: Duration,
 }
 
 impl Presence {
-    /// Presence of `identity` in the namespace of `api`.
-    pub fn new(api: Api<Lease>, identity: &str, lease_duration: Duration) -> Self {
+    /// Presence of `identity` in the namespace of `api`; each API call may take `call_timeout`.
+    pub fn new(
+        api: Api<Lease>,
+        identity: &str,
+        lease_duration: Duration,
+        call_timeout: Duration,
+    ) -> Self {
         Self {
             api,
             name: replica_lease_name(identity),
             identity: identity.to_string(),
             lease_duration,
+            call_timeout,
         }
     }
 
-    fn record(&self) -> Lease {
+    /// The name of our presence Lease.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn record(&self, group: &str) -> Lease {
         Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
-                labels: Some(BTreeMap::from([(
-                    REPLICA_LABEL.to_string(),
-                    "true".to_string(),
-                )])),
+                labels: Some(BTreeMap::from([
+                    (REPLICA_LABEL.to_string(), "true".to_string()),
+                    (REPLICA_GROUP_LABEL.to_string(), group.to_string()),
+                ])),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -150,65 +226,62 @@ impl Presence {
         }
     }
 
-    /// Renews (or creates) our presence Lease.
-    pub async fn renew(&self) -> kube::Result<()> {
-        match self.api.get_opt(&self.name).await? {
+    async fn timed<T>(&self, call: impl Future<Output = kube::Result<T>>) -> kube::Result<T> {
+        tokio::time::timeout(self.call_timeout, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(kube::Error::Service(
+                    format!("no answer within {:?}", self.call_timeout).into(),
+                ))
+            })
+    }
+
+    /// Renews (or creates) our presence Lease in `group`.
+    pub async fn renew(&self, group: &str) -> kube::Result<()> {
+        match self.timed(self.api.get_opt(&self.name)).await? {
             None => {
-                self.api
-                    .create(&PostParams::default(), &self.record())
+                self.timed(self.api.create(&PostParams::default(), &self.record(group)))
                     .await?;
             }
             Some(existing) => {
-                let mut lease = self.record();
+                let mut lease = self.record(group);
                 lease.metadata.resource_version = existing.metadata.resource_version;
-                self.api
-                    .replace(&self.name, &PostParams::default(), &lease)
+                self.timed(self.api.replace(&self.name, &PostParams::default(), &lease))
                     .await?;
             }
         }
         Ok(())
     }
 
-    /// Number of live replicas (ourselves included).
-    pub async fn replicas(&self) -> kube::Result<usize> {
-        let now = Timestamp::now();
-        let list = self
-            .api
-            .list(&ListParams::default().labels(&format!("{REPLICA_LABEL}=true")))
-            .await?;
-        let others = list
-            .items
-            .iter()
-            .filter(|l| l.metadata.name.as_deref() != Some(self.name.as_str()))
-            .filter(|l| is_live(l, now))
-            .count();
-        Ok(others + 1)
-    }
-
     /// Deletes our presence Lease (on shutdown), so the others count one
     /// replica less at once.
     pub async fn remove(&self) {
-        if let Err(error) = self.api.delete(&self.name, &Default::default()).await {
+        let deleted = self
+            .timed(self.api.delete(&self.name, &Default::default()))
+            .await;
+        if let Err(error) = deleted {
             tracing::debug!(%error, "deleting the presence lease failed");
         }
     }
 
-    /// One round: renew, count replicas, publish the share for `drivers`
-    /// driver Leases. Returns the share.
-    pub async fn round(&self, balance: &Balance, drivers: usize) -> kube::Result<usize> {
-        self.renew().await?;
-        let replicas = self.replicas().await?;
-        // No drivers (yet): nothing to share, and a share of 0 must not
-        // block the first ones that appear.
-        let share = if drivers == 0 {
-            usize::MAX
-        } else {
-            fair_share(drivers, replicas)
-        };
-        if share != balance.share() {
-            tracing::info!(replicas, drivers, share, "leadership share changed");
+    /// One round: renew our presence in `group`, then publish the share of `drivers` driver
+    /// Leases among the live replicas of the group found in `leases` (the namespace's Leases,
+    /// from a watch). Returns the share.
+    pub async fn round(
+        &self,
+        balance: &Balance,
+        drivers: usize,
+        group: &str,
+        leases: &[Lease],
+    ) -> kube::Result<usize> {
+        self.renew(group).await?;
+        let others = others_in_group(leases, &self.name, group, Timestamp::now(), Instant::now());
+        let before = balance.share();
+        balance.set(drivers, others);
+        let share = balance.share();
+        if share != before {
+            tracing::info!(drivers, share, %group, "leadership share changed");
         }
-        balance.set_share(share);
         Ok(share)
     }
 }
@@ -226,11 +299,13 @@ mod tests {
         assert_eq!(fair_share(5, 0), 5);
     }
 
-    #[test]
-    fn a_replica_at_its_share_stops_acquiring_and_above_it_has_a_surplus() {
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_at_its_share_stops_acquiring_and_above_it_has_a_surplus() {
         let b = Balance::default();
-        assert!(b.may_acquire());
-        b.set_share(2);
+        assert!(b.may_acquire(), "no limit before the first count");
+        let later = Instant::now() + Duration::from_secs(60);
+        b.set(4, vec![later]);
+        assert_eq!(b.share(), 2);
         b.set_leading(true);
         assert!(b.may_acquire());
         b.set_leading(true);
@@ -238,27 +313,71 @@ mod tests {
         assert_eq!(b.surplus(), 0);
         b.set_leading(true);
         assert_eq!(b.surplus(), 1);
-        b.set_leading(false);
-        b.set_leading(false);
-        b.set_leading(false);
-        b.set_leading(false);
+        for _ in 0..4 {
+            b.set_leading(false);
+        }
         assert_eq!(b.leading(), 0, "never below zero");
+        b.set(0, vec![later]);
+        assert_eq!(b.share(), usize::MAX, "no drivers: no limit");
     }
 
-    #[test]
-    fn presence_is_live_until_its_duration_has_passed() {
-        let now = Timestamp::now();
-        let lease = |age_secs: i64, dur: i32| Lease {
+    /// A replica killed with -9 stops counting the moment its presence Lease expires, so the
+    /// survivor may take the dead one's drivers as soon as their Leases expire too.
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_replica_stops_counting_when_its_presence_expires() {
+        let b = Balance::default();
+        b.set(4, vec![Instant::now() + Duration::from_secs(15)]);
+        b.set_leading(true);
+        b.set_leading(true);
+        assert!(!b.may_acquire());
+        tokio::time::sleep(Duration::from_secs(14)).await;
+        assert!(!b.may_acquire());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(b.share(), 4);
+        assert!(b.may_acquire());
+    }
+
+    fn presence(name: &str, group: &str, age_secs: u64, dur: i32, now: Timestamp) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([
+                    (REPLICA_LABEL.to_string(), "true".to_string()),
+                    (REPLICA_GROUP_LABEL.to_string(), group.to_string()),
+                ])),
+                ..ObjectMeta::default()
+            },
             spec: Some(LeaseSpec {
-                renew_time: Some(MicroTime(now - Duration::from_secs(age_secs as u64))),
+                renew_time: Some(MicroTime(now - Duration::from_secs(age_secs))),
                 lease_duration_seconds: Some(dur),
                 ..LeaseSpec::default()
             }),
-            ..Lease::default()
-        };
-        assert!(is_live(&lease(5, 15), now));
-        assert!(!is_live(&lease(20, 15), now));
-        assert!(!is_live(&Lease::default(), now));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_live_replicas_of_the_same_group_count() {
+        let wall = Timestamp::now();
+        let now = Instant::now();
+        let leases = vec![
+            presence("attacher-hub-replica-me", "g1", 0, 15, wall),
+            presence("attacher-hub-replica-a", "g1", 5, 15, wall),
+            presence("attacher-hub-replica-dead", "g1", 20, 15, wall),
+            presence("attacher-hub-replica-ds-node", "g2", 1, 15, wall),
+            Lease::default(),
+        ];
+        let others = others_in_group(&leases, "attacher-hub-replica-me", "g1", wall, now);
+        assert_eq!(others, vec![now + Duration::from_secs(10)]);
+    }
+
+    #[test]
+    fn group_keys_depend_on_the_set_of_sockets_only() {
+        let a = group_key(["/csi/a.sock", "/csi/b.sock"]);
+        assert_eq!(a, group_key(["/csi/b.sock", "/csi/a.sock", "/csi/a.sock"]));
+        assert_ne!(a, group_key(["/csi/a.sock"]));
+        assert_ne!(group_key(["/x", "y"]), group_key(["/xy"]));
+        assert_eq!(a.len(), 16, "fits a label value");
+        assert_eq!(group_key([]), group_key(Vec::<&str>::new()));
     }
 
     #[test]

@@ -492,6 +492,7 @@ impl Driver {
             Some(le) => {
                 let lease = leader::lease_name(name);
                 write(&self.info).lease = Some(lease.clone());
+                let config_name = lease.clone();
                 let config = leader::Config {
                     name: lease,
                     namespace: le.namespace.clone(),
@@ -508,8 +509,13 @@ impl Driver {
                     Err(e) => return Term::Over(Outcome::Failed(format!("leader election: {e}"))),
                 };
                 let balance = shared.balance.clone();
-                let elector =
-                    elector.with_acquire_gate(AcquireGate(Arc::new(move || balance.may_acquire())));
+                let wake = Arc::new(tokio::sync::Notify::new());
+                shared
+                    .lease_wakers
+                    .insert(config_name.clone(), wake.clone());
+                let elector = elector
+                    .with_acquire_gate(AcquireGate(Arc::new(move || balance.may_acquire())))
+                    .with_wake(wake);
                 shared
                     .leader_status
                     .insert(name.to_string(), elector.status());
@@ -583,6 +589,7 @@ impl Driver {
             }
         }
         shared.leader_status.remove(name);
+        shared.lease_wakers.remove(&leader::lease_name(name));
         shared.metrics.set_leader(name, false);
         if matches!(term, Term::HandedOver) {
             write(&self.info).lease_holder = None;
@@ -851,13 +858,16 @@ pub async fn guarded<T>(fut: impl std::future::Future<Output = T>) -> Result<T, 
     std::panic::AssertUnwindSafe(fut)
         .catch_unwind()
         .await
-        .map_err(|payload| {
-            payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic".to_string())
-        })
+        .map_err(|payload| panic_message(&*payload))
+}
+
+/// The message a panic was raised with (`"panic"` when it carried no text).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_string())
 }
 
 /// How one election term ended.

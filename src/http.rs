@@ -58,12 +58,21 @@ pub async fn bind(address: &str) -> std::io::Result<TcpListener> {
     TcpListener::bind(address).await
 }
 
-/// Serves connections until `shutdown` is cancelled.
+/// Open connections served at once (scrapers, probes, `attacher-hub status`); more are closed
+/// at once rather than queued, so a misbehaving client cannot exhaust the process.
+const MAX_CONNECTIONS: usize = 128;
+/// A client must send its request headers within this time (slow-loris protection).
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves `routes` on `listener` until `shutdown`; every connection is owned and ends with it.
 pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken) {
     let routes = Arc::new(routes);
+    // Every connection task is owned here: reaped when it ends, aborted on shutdown.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(error) => {
@@ -72,25 +81,29 @@ pub async fn serve(listener: TcpListener, routes: Routes, shutdown: Cancellation
                 }
             },
         };
+        if connections.len() >= MAX_CONNECTIONS {
+            tracing::warn!(peer = %peer_label(peer), limit = MAX_CONNECTIONS, "too many open HTTP connections; closing a new one");
+            continue;
+        }
         let routes = routes.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(
+        connections.spawn(
             async move {
                 let service = service_fn(move |req| {
                     let routes = routes.clone();
                     async move { Ok::<_, Infallible>(handle(&routes, &req)) }
                 });
-                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    result = conn => if let Err(error) = result {
-                        tracing::debug!(%error, "HTTP connection ended with an error");
-                    },
+                let conn = http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                if let Err(error) = conn.await {
+                    tracing::debug!(%error, "HTTP connection ended with an error");
                 }
             }
             .instrument(tracing::debug_span!("http", peer = %peer_label(peer))),
         );
     }
+    connections.shutdown().await;
 }
 
 fn peer_label(peer: SocketAddr) -> String {

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    balance::{Balance, Presence},
+    balance::{self, Balance, Presence},
     budget::{FairCap, Limit},
     config,
     controller::attachment,
@@ -48,6 +48,14 @@ pub enum Error {
     /// Metrics could not be registered.
     #[error("registering metrics failed")]
     Metrics(#[source] prometheus::Error),
+    /// A task that must live as long as the hub ended.
+    #[error("{task} ended unexpectedly ({why})")]
+    TaskEnded {
+        /// Which task.
+        task: &'static str,
+        /// How it ended.
+        why: String,
+    },
     /// The HTTP listener could not bind.
     #[error("listening on {address} failed")]
     Listen {
@@ -112,6 +120,9 @@ pub struct BalanceConfig {
 pub struct Registry {
     by_name: DashMap<String, Arc<Driver>>,
     by_sanitized: DashMap<String, String>,
+    /// Held while a name is claimed or released, so that two sockets reporting one name at the
+    /// same moment cannot both pass the checks before either inserts (readers never take it).
+    claims: std::sync::Mutex<()>,
     /// Every configured slot, named or not, in configuration order.
     slots: RwLock<Vec<Arc<Driver>>>,
 }
@@ -120,6 +131,10 @@ impl Registry {
     /// Claims `name` for `driver`. Refused when another socket already serves
     /// the name, or when another name sanitizes to the same finalizer/Lease.
     pub fn register(&self, name: &str, driver: &Arc<Driver>) -> Result<(), String> {
+        let _claim = self
+            .claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let sanitized = attachment::sanitize_driver_name(name);
         if let Some(existing) = self.by_name.get(name)
             && !Arc::ptr_eq(existing.value(), driver)
@@ -147,6 +162,10 @@ impl Registry {
 
     /// Releases `name` if `driver` holds it.
     pub fn unregister(&self, name: &str, driver: &Arc<Driver>) {
+        let _claim = self
+            .claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let removed = self
             .by_name
             .remove_if(name, |_, d| Arc::ptr_eq(d, driver))
@@ -217,6 +236,11 @@ pub struct Shared {
     pub balance: Arc<Balance>,
     /// Cap of logged CSI responses (`--max-grpc-log-length`).
     pub max_grpc_log_length: i64,
+    /// Wakes a driver's elector when its Lease is seen vacated (see `balance_leases`).
+    pub lease_wakers: DashMap<String, Arc<tokio::sync::Notify>>,
+    /// Cancelled once the supervisor has started the first set of drivers: leadership
+    /// balancing waits for it, so its first share counts every configured driver.
+    pub first_reconcile: CancellationToken,
 }
 
 impl std::fmt::Debug for Shared {
@@ -417,10 +441,22 @@ pub async fn run(
     let (stores, watches) = router::start(client.clone(), dispatch.clone(), resync, &watch_stop);
     // No event flows before `watches` is spawned below.
     let _ = dispatch.pvs.set(stores.pvs.clone());
-    let watches = tokio::spawn(watches.instrument(tracing::info_span!("router")));
+    // Tasks that live as long as the hub; one that ends early ends the process (the kubelet
+    // restarts it) rather than leaving a hub that looks alive but no longer watches, serves or
+    // balances.
+    let mut critical: JoinSet<()> = JoinSet::new();
+    let mut names: HashMap<tokio::task::Id, &'static str> = HashMap::new();
+    let mut own = |set: &mut JoinSet<()>, name: &'static str, task| {
+        let handle = set.spawn(task);
+        names.insert(handle.id(), name);
+    };
+    own(
+        &mut critical,
+        "the shared watches",
+        Box::pin(watches.instrument(tracing::info_span!("router"))) as CriticalTask,
+    );
 
     let http_stop = CancellationToken::new();
-    let mut background = JoinSet::new();
     let shared = Arc::new(Shared {
         client,
         leader_client,
@@ -432,11 +468,17 @@ pub async fn run(
         leader_status: DashMap::new(),
         balance: Arc::new(Balance::default()),
         max_grpc_log_length,
+        lease_wakers: DashMap::new(),
+        first_reconcile: CancellationToken::new(),
     });
     if let Some(b) = balance {
-        background.spawn(
-            balance_leases(shared.clone(), b, http_stop.clone())
-                .instrument(tracing::info_span!("balance")),
+        own(
+            &mut critical,
+            "leadership balancing",
+            Box::pin(
+                balance_leases(shared.clone(), b, http_stop.clone())
+                    .instrument(tracing::info_span!("balance")),
+            ),
         );
     }
 
@@ -457,33 +499,62 @@ pub async fn run(
                 leader_election_health: h.leader_election_health,
             }),
         };
-        background.spawn(
-            http::serve(listener, routes, http_stop.clone())
-                .instrument(tracing::info_span!("http")),
+        own(
+            &mut critical,
+            "the HTTP listener",
+            Box::pin(
+                http::serve(listener, routes, http_stop.clone())
+                    .instrument(tracing::info_span!("http")),
+            ),
         );
     }
-    background.spawn(
-        gauges(shared.clone(), http_stop.clone()).instrument(tracing::debug_span!("gauges")),
+    own(
+        &mut critical,
+        "the metrics refresh",
+        Box::pin(
+            gauges(shared.clone(), http_stop.clone()).instrument(tracing::debug_span!("gauges")),
+        ),
     );
-    background.spawn(
-        shared
-            .api_cap
-            .clone()
-            .run(http_stop.clone())
-            .instrument(tracing::debug_span!("api-cap")),
+    own(
+        &mut critical,
+        "the API cap",
+        Box::pin(
+            shared
+                .api_cap
+                .clone()
+                .run(http_stop.clone())
+                .instrument(tracing::debug_span!("api-cap")),
+        ),
     );
 
-    Supervisor::new(shared.clone(), source)
-        .run(drivers, shutdown)
-        .instrument(tracing::info_span!("supervisor"))
-        .await;
+    let supervisor = Supervisor::new(shared.clone(), source)
+        .run(drivers, shutdown.clone())
+        .instrument(tracing::info_span!("supervisor"));
+    tokio::pin!(supervisor);
+    let died = tokio::select! {
+        () = &mut supervisor => None,
+        Some(ended) = critical.join_next_with_id() => {
+            let (id, why) = match ended {
+                Ok((id, ())) => (id, "it returned".to_owned()),
+                Err(e) => (e.id(), if e.is_panic() { format!("it panicked: {}", crate::driver::panic_message(&*e.into_panic())) } else { "it was cancelled".to_owned() }),
+            };
+            let task = names.get(&id).copied().unwrap_or("a hub task");
+            tracing::error!(task, %why, "a critical task ended; stopping the drivers and exiting");
+            // Drain the drivers and hand their Leases over before the process ends.
+            shutdown.cancel();
+            supervisor.await;
+            Some(Error::TaskEnded { task, why })
+        }
+    };
     watch_stop.cancel();
     http_stop.cancel();
-    let _ = watches.await;
-    while background.join_next().await.is_some() {}
+    critical.shutdown().await;
     tracing::info!("stopped");
-    Ok(())
+    died.map_or(Ok(()), Err)
 }
+
+/// A task the hub owns for its whole life.
+type CriticalTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Refreshes queue and driver gauges, and logs any backlog periodically.
 async fn gauges(shared: Arc<Shared>, stop: CancellationToken) {
@@ -757,6 +828,7 @@ impl Supervisor {
             None => Vec::new(),
         };
         self.apply(&configured, &discovered).await;
+        self.shared.first_reconcile.cancel();
 
         let mut hangup =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -885,29 +957,70 @@ fn digest(path: &Path) -> Option<u64> {
     Some(h.finish())
 }
 
-/// Keeps this replica's presence Lease, recomputes its share of driver
-/// Leases, and hands surplus drivers over to other replicas.
+/// Keeps this replica's presence Lease, recomputes its share of driver Leases, and hands
+/// surplus drivers over to other replicas. One watch on the namespace's Leases tells which
+/// replicas of our group are alive and when a driver Lease is handed over, so that a replica
+/// below its share takes it at once (no gap between the giver's release and the taker's
+/// next retry).
 async fn balance_leases(shared: Arc<Shared>, config: BalanceConfig, stop: CancellationToken) {
-    let api = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
-        shared.leader_client.clone(),
-        &config.namespace,
+    use futures::StreamExt;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let api = kube::Api::<Lease>::namespaced(shared.leader_client.clone(), &config.namespace);
+    let presence = Presence::new(
+        api.clone(),
+        &config.identity,
+        config.lease_duration,
+        config.retry_period,
     );
-    let presence = Presence::new(api, &config.identity, config.lease_duration);
+    let mut leases: HashMap<String, Lease> = HashMap::new();
+    let mut listing: HashMap<String, Lease> = HashMap::new();
+    let mut events = watcher(
+        api,
+        watcher::Config::default()
+            .timeout(u32::try_from(crate::k8s::WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX)),
+    )
+    .backoff(router::WatchBackoff::default())
+    .boxed();
+
+    // The first share must count every configured driver, not the few started so far.
+    tokio::select! {
+        () = stop.cancelled() => return,
+        () = shared.first_reconcile.cancelled() => {}
+    }
     let mut tick = tokio::time::interval(config.retry_period);
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
+            event = events.next() => {
+                match event {
+                    Some(Ok(event)) => apply_lease_event(&shared, &mut leases, &mut listing, event),
+                    Some(Err(error)) => tracing::debug!(%error, "the Lease watch failed; retrying"),
+                    None => break,
+                }
+                continue;
+            }
             _ = tick.tick() => {}
         }
-        // Drivers with a Lease: every replica has the same list, so the
-        // share is computed over all of them, ready here or not (counting
-        // only the ready ones would give a share of 0 while drivers start).
+        // Drivers with a Lease: every replica of the group has the same list, so the share is
+        // computed over all of them, ready here or not.
         let slots = shared.registry.slots();
         let candidates: Vec<_> = slots
             .iter()
             .filter(|d| d.settings().leader_election.is_some())
             .collect();
-        if let Err(error) = presence.round(&shared.balance, candidates.len()).await {
+        let group = balance::group_key(
+            candidates
+                .iter()
+                .map(|d| d.settings().address.path().to_str().unwrap_or_default()),
+        );
+        let known: Vec<Lease> = leases.values().cloned().collect();
+        let round = tokio::select! {
+            () = stop.cancelled() => break,
+            r = presence.round(&shared.balance, candidates.len(), &group, &known) => r,
+        };
+        if let Err(error) = round {
             tracing::warn!(%error, "renewing replica presence failed");
             continue;
         }
@@ -926,6 +1039,40 @@ async fn balance_leases(shared: Arc<Shared>, config: BalanceConfig, stop: Cancel
         }
     }
     presence.remove().await;
+}
+
+/// Keeps `leases` in step with the Lease watch and wakes the elector of every driver Lease that
+/// was just vacated (handed over by another replica, or released on its shutdown).
+fn apply_lease_event(
+    shared: &Shared,
+    leases: &mut HashMap<String, k8s_openapi::api::coordination::v1::Lease>,
+    listing: &mut HashMap<String, k8s_openapi::api::coordination::v1::Lease>,
+    event: kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>,
+) {
+    use kube::runtime::watcher::Event;
+    let name =
+        |l: &k8s_openapi::api::coordination::v1::Lease| l.metadata.name.clone().unwrap_or_default();
+    match event {
+        Event::Apply(lease) => {
+            let vacant = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_none_or(str::is_empty);
+            if vacant && let Some(wake) = shared.lease_wakers.get(&name(&lease)) {
+                wake.notify_one();
+            }
+            leases.insert(name(&lease), lease);
+        }
+        Event::Delete(lease) => {
+            leases.remove(&name(&lease));
+        }
+        Event::Init => listing.clear(),
+        Event::InitApply(lease) => {
+            listing.insert(name(&lease), lease);
+        }
+        Event::InitDone => std::mem::swap(leases, listing),
+    }
 }
 
 /// Runs a driver; a panic in it is logged and counted, and the driver is
@@ -986,6 +1133,51 @@ mod tests {
         // No attacher finalizer: nobody to tell.
         assert!(holders_to_tell("c.csi.io", &pv(&["kubernetes.io/pv-protection"])).is_empty());
         assert!(holders_to_tell("c.csi.io", &PersistentVolume::default()).is_empty());
+    }
+
+    fn driver(socket: &str) -> Arc<Driver> {
+        let defaults =
+            crate::config::Defaults::with_identity(&crate::cli::Args::default(), "h".into());
+        Driver::new(
+            defaults.settings_for(socket.parse().expect("socket path")),
+            Origin::Discovered,
+        )
+    }
+
+    #[test]
+    fn two_sockets_reporting_one_name_at_once_never_both_register() {
+        for round in 0..200 {
+            let registry = Arc::new(Registry::default());
+            let (a, b) = (driver("/a.sock"), driver("/b.sock"));
+            let barrier = Arc::new(std::sync::Barrier::new(2));
+            let racers: Vec<_> = [a.clone(), b.clone()]
+                .into_iter()
+                .map(|d| {
+                    let (registry, barrier) = (registry.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        registry.register("same.csi.io", &d).is_ok()
+                    })
+                })
+                .collect();
+            let won: Vec<bool> = racers
+                .into_iter()
+                .map(|t| t.join().expect("racer"))
+                .collect();
+            assert_eq!(
+                won.iter().filter(|w| **w).count(),
+                1,
+                "round {round}: {won:?}"
+            );
+            // The loser's unregister does not release the winner's name.
+            let (winner, loser) = if won[0] { (&a, &b) } else { (&b, &a) };
+            registry.unregister("same.csi.io", loser);
+            assert!(
+                registry
+                    .get("same.csi.io")
+                    .is_some_and(|d| Arc::ptr_eq(&d, winner))
+            );
+        }
     }
 
     #[test]

@@ -597,6 +597,9 @@ pub struct LeaderElector {
     /// Asked before every acquisition attempt (not before renewals): `false`
     /// skips the attempt. Hub replicas use it to stay within their share.
     gate: Option<AcquireGate>,
+    /// Notified when the Lease may have become free (another replica handed it over): the next
+    /// acquisition attempt is made at once instead of after the retry period.
+    wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// A predicate that allows or skips acquisition attempts.
@@ -624,7 +627,14 @@ impl LeaderElector {
             lease: None,
             reported_holder: String::new(),
             gate: None,
+            wake: None,
         })
+    }
+
+    /// Try to acquire at once whenever `wake` is notified, not only every retry period.
+    pub fn with_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
+        self.wake = Some(wake);
+        self
     }
 
     /// Only try to acquire the Lease while `gate` says yes (renewing a held
@@ -725,9 +735,16 @@ impl LeaderElector {
                         .min(self.config.retry_period);
                 }
             }
+            let woken = async {
+                match &self.wake {
+                    Some(w) => w.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return false,
+                () = woken => debug!("woken: the lease may be free"),
                 () = tokio::time::sleep(pause) => {}
             }
         }
@@ -1544,6 +1561,38 @@ mod tests {
             "took {:?} to lead again",
             back.elapsed()
         );
+    }
+
+    /// A Lease handed over (vacated by its holder) is taken as soon as the candidate is woken,
+    /// not a jittered retry period later.
+    #[tokio::test(start_paused = true)]
+    async fn a_woken_candidate_takes_a_vacated_lease_at_once() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 0));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let elector = LeaderElector::new(
+            Api::namespaced(fake.client(), "default"),
+            Config::new("lease", "default", "me"),
+        )
+        .expect("valid")
+        .with_wake(wake.clone());
+        let token = CancellationToken::new();
+        let (mut rx, _handle) = elector.spawn(token.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!rx.borrow().is_leading());
+        // The holder hands it over.
+        let mut lease = fake.state().lease.clone().expect("lease");
+        lease.spec = Some(release_record(&record("other", 0), Timestamp::now()).to_spec());
+        fake.put(lease);
+        let vacated = Instant::now();
+        wake.notify_one();
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        assert!(
+            vacated.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            vacated.elapsed()
+        );
+        token.cancel();
     }
 
     #[tokio::test(start_paused = true)]

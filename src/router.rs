@@ -261,7 +261,7 @@ async fn run_watch<K, F>(
 /// hub whose API server came back blind for up to half a minute; a few requests per watched
 /// kind every few seconds are nothing for a server that is up and little for one that is down.
 #[derive(Debug)]
-struct WatchBackoff {
+pub(crate) struct WatchBackoff {
     next: Duration,
 }
 
