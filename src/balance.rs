@@ -36,6 +36,9 @@ pub const REPLICA_GROUP_LABEL: &str = "attacher-hub.kubernetes.io/replica-group"
 /// Name prefix of presence Leases.
 pub const REPLICA_LEASE_PREFIX: &str = "attacher-hub-replica-";
 
+/// Longest wait for deleting the presence Lease on shutdown.
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(2);
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -256,9 +259,13 @@ impl Presence {
     /// Deletes our presence Lease (on shutdown), so the others count one
     /// replica less at once.
     pub async fn remove(&self) {
-        let deleted = self
-            .timed(self.api.delete(&self.name, &Default::default()))
-            .await;
+        // On shutdown: a courtesy (the Lease expires anyway), never a reason to hang.
+        let deleted = tokio::time::timeout(
+            self.call_timeout.min(REMOVE_TIMEOUT),
+            self.api.delete(&self.name, &Default::default()),
+        )
+        .await
+        .unwrap_or_else(|_| Err(kube::Error::Service("no answer".into())));
         if let Err(error) = deleted {
             tracing::debug!(%error, "deleting the presence lease failed");
         }

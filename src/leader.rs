@@ -58,6 +58,9 @@ const ERROR_RETRY_MIN: Duration = Duration::from_millis(500);
 /// Leases back within 2 s of its return.
 const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// Longest wait for the Lease release on shutdown (bounded further by the renew deadline).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// client-go's default `LeaseDuration` (`--leader-election-lease-duration`).
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 
@@ -1010,7 +1013,9 @@ impl LeaderElector {
             return Ok(());
         };
         let record = release_record(&observed.record, Timestamp::now());
-        let deadline = Instant::now() + self.config.renew_deadline;
+        // Releasing is a courtesy that saves the next leader a lease duration: on a network
+        // that does not answer, give up quickly so a stopping process ends in time.
+        let deadline = Instant::now() + self.config.renew_deadline.min(RELEASE_TIMEOUT);
         match self.update(lease, &record, deadline).await {
             Ok(()) => {
                 info!("released the lease");
