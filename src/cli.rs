@@ -54,17 +54,17 @@ const LEADER_ELECTION_JITTER_FACTOR: f64 = 1.2;
 // deployment uses and far below what could exhaust memory or overflow time arithmetic.
 
 /// Most workers per pool (`--worker-threads`, `workerThreads`). A worker is a task holding at
-/// most one CSI call; real manifests use 10 to 100, and no driver serves 10,000 concurrent
-/// ControllerPublish calls. A driver runs three pools (attach, detach, PersistentVolumes), so
-/// the bound caps it at 30,000 tasks, where `--worker-threads=1000000000` used to abort the
-/// process on allocation failure.
+/// most one CSI call; real manifests use 10 to 100, a hundred times less. A driver runs three
+/// pools (attach, detach, PersistentVolumes), so the bound caps it at 30,000 tasks, where
+/// `--worker-threads=1000000000` used to abort the process on allocation failure.
 pub const MAX_WORKERS: u64 = 10_000;
 
 /// Longest duration of every duration flag and field (`--timeout`, `--resync`,
 /// `--retry-interval-*`, `--reconcile-sync`, `--leader-election-*`,
 /// `--graceful-shutdown-timeout`, `--log-flush-frequency`): one day. Deployments use seconds to
-/// an hour; a longer RPC deadline, retry cap, resync or lease only hides a typo (`15h` for `15s`)
-/// and keeps deadline arithmetic (`now + d`) far from overflow.
+/// an hour; an RPC deadline, retry cap, resync or lease of more than a day is a mistake (a unit
+/// slip, `1000h` for `1000s`), and the bound keeps deadline arithmetic (`now + d`) far from
+/// overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Highest API request rate (`--kube-api-qps`, `--hub-kube-api-qps`, `kubeApiQps`,
@@ -645,7 +645,7 @@ impl State {
     }
 }
 
-/// Refuses numbers above their bound (see the `MAX_*` constants), in the order of the usage.
+/// Refuses numbers above their bound (see the `MAX_*` constants).
 fn validate_bounds(args: &Args) -> Result<(), Error> {
     let too_large = |flag, max: String, value: String| Err(Error::TooLarge { flag, max, value });
     let le = &args.leader_election;

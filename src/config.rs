@@ -794,10 +794,12 @@ fn leader_election(
         ));
     }
     if lease_duration < cli::MIN_LEASE_DURATION {
-        return Err(invalid(
-            blame([("leaseDuration", o.lease_duration.is_some()), ("", false)]),
-            Problem::LeaseTooShort(GoDuration(lease_duration).to_string()),
-        ));
+        let blamed = match o.lease_duration {
+            Some(_) => field("leaseDuration"),
+            None => at.to_owned(),
+        };
+        let problem = Problem::LeaseTooShort(GoDuration(lease_duration).to_string());
+        return Err(invalid(blamed, problem));
     }
     let mut settings =
         defaults.leader_settings(o.namespace.as_deref().or(flags.namespace.as_deref()));
