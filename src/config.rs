@@ -8,7 +8,7 @@
 //!
 //! Everything is bounded before anything is allocated for it: the file's size
 //! ([`MAX_FILE_BYTES`]), its encoding (UTF-8; the first invalid byte is named with its line and
-//! column), the YAML structure (nesting, nodes, anchors and alias expansion: [`yaml`]'s
+//! column), the YAML structure (nesting, nodes, anchors and alias expansion: the `yaml` module's
 //! budget), the number of drivers ([`MAX_DRIVERS`]) and of workers ([`MAX_HUB_WORKERS`]), and
 //! every number (the same bounds as the flags': [`cli::MAX_WORKERS`], [`cli::MAX_DURATION`],
 //! [`cli::MAX_API_QPS`], [`cli::MAX_API_BURST`], [`cli::MAX_LIST_ENTRIES`]).
