@@ -26,7 +26,10 @@
 //! unknown; negative durations (valid Go syntax) are treated as zero with a warning; the generic
 //! kube-apiserver feature gates that the Go binary accepts without effect are unknown here (only
 //! the attacher's own gates plus `AllAlpha`/`AllBeta`); hexadecimal floats are not accepted by
-//! `--kube-api-qps`; `--vmodule` is validated but not applied.
+//! `--kube-api-qps`; `--vmodule` is validated but not applied. Every number has an upper bound
+//! (the `MAX_*` constants below, shown in the usage): a value Go accepts above it, a negative
+//! `--max-entries`, and a lease duration under one second with leader election on are
+//! configuration errors (exit 1).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,6 +44,53 @@ const DEFAULT_ARGV0: &str = "attacher-hub";
 /// `client-go`'s leader-election jitter factor: the renew deadline must exceed
 /// `JITTER_FACTOR * retry period`.
 const LEADER_ELECTION_JITTER_FACTOR: f64 = 1.2;
+
+// === bounds ===
+//
+// Every number of the command line and of `drivers.yaml` has an upper bound, checked before
+// anything is allocated or started. A value Go's `flag` package cannot parse keeps Go's error
+// (exit 2); a value Go accepts but that is above our bound is a configuration error (exit 1 for
+// a flag, exit 2 with file:line:column for `drivers.yaml`). Each bound sits far above what any
+// deployment uses and far below what could exhaust memory or overflow time arithmetic.
+
+/// Most workers per pool (`--worker-threads`, `workerThreads`). A worker is a task holding at
+/// most one CSI call; real manifests use 10 to 100, a hundred times less. A driver runs three
+/// pools (attach, detach, PersistentVolumes), so the bound caps it at 30,000 tasks, where
+/// `--worker-threads=1000000000` used to abort the process on allocation failure.
+pub const MAX_WORKERS: u64 = 10_000;
+
+/// Longest duration of every duration flag and field (`--timeout`, `--resync`,
+/// `--retry-interval-*`, `--reconcile-sync`, `--leader-election-*`,
+/// `--graceful-shutdown-timeout`, `--log-flush-frequency`): one day. Deployments use seconds to
+/// an hour; an RPC deadline, retry cap, resync or lease of more than a day is a mistake (a unit
+/// slip, `1000h` for `1000s`), and the bound keeps deadline arithmetic (`now + d`) far from
+/// overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Highest API request rate (`--kube-api-qps`, `--hub-kube-api-qps`, `kubeApiQps`,
+/// `hubKubeApiQps`): one million requests per second, a thousand times what a large API server
+/// serves. Infinity and NaN (which Go's `ParseFloat` accepts) are above it; a negative
+/// `--kube-api-qps` keeps client-go's meaning, no limit.
+pub const MAX_API_QPS: f64 = 1_000_000.0;
+
+/// Largest API burst (`--kube-api-burst`, `--hub-kube-api-burst`, `kubeApiBurst`,
+/// `hubKubeApiBurst`): twice [`MAX_API_QPS`], the ratio of client-go's defaults (5 and 10) and
+/// of the hub cap's default burst, so that the burst derived from the largest QPS is within it.
+pub const MAX_API_BURST: i64 = 2_000_000;
+
+/// Largest `--max-entries` / `maxEntries`: the CSI field `max_entries` is an int32 (Go casts the
+/// flag to int32, so larger values wrap into nonsense), and the CSI spec forbids negative ones.
+pub const MAX_LIST_ENTRIES: i64 = i32::MAX as i64;
+
+/// Largest `--max-grpc-log-length`: gRPC frames a message with a 32-bit length, so no response
+/// is longer than this many bytes and a larger cap could never cut a log line. Zero and negative
+/// values keep their meaning, no cap.
+pub const MAX_GRPC_LOG_LENGTH: i64 = u32::MAX as i64;
+
+/// Shortest `--leader-election-lease-duration` / `leaseDuration` (when leader election is on):
+/// a Lease stores whole seconds and must hold a positive number, so a shorter one could never be
+/// written (the Go sidecar accepts it and then fails every attempt to take the Lease).
+pub const MIN_LEASE_DURATION: Duration = Duration::from_secs(1);
 
 // === Args ===
 
@@ -287,17 +337,34 @@ pub enum Error {
     /// `--worker-threads=0`.
     #[error("Option -worker-threads must be greater than zero")]
     ZeroWorkerThreads,
-    /// A negative API burst or cap (client-go would fail every request with a negative burst).
+    /// A negative API burst or cap (client-go would fail every request with a negative burst),
+    /// or a negative `--max-entries` (the CSI spec forbids it).
     #[error("--{flag} must not be negative, not {value}")]
-    NegativeApiLimit {
+    Negative {
         /// The flag name.
         flag: &'static str,
         /// The value given.
         value: String,
     },
+    /// A number Go accepts but above attacher-hub's bound for it (the `MAX_*` constants).
+    #[error("--{flag} must be at most {max}, not {value}")]
+    TooLarge {
+        /// The flag name.
+        flag: &'static str,
+        /// The bound.
+        max: String,
+        /// The value given (durations as Go prints them).
+        value: String,
+    },
     /// A leader-election duration is zero (or was negative).
     #[error("--leader-election-{0} must be greater than zero")]
     LeaderElectionZero(&'static str),
+    /// `--leader-election-lease-duration` under [`MIN_LEASE_DURATION`].
+    #[error(
+        "--leader-election-lease-duration ({}) must be at least 1s: a Lease holds whole seconds",
+        GoDuration(*.0)
+    )]
+    LeaseDurationTooShort(Duration),
     /// The lease would expire before the leader gives up renewing it.
     #[error(
         "--leader-election-lease-duration ({}) must be greater than --leader-election-renew-deadline ({})",
@@ -569,6 +636,7 @@ impl State {
         if args.worker_threads == 0 {
             return Err(Error::ZeroWorkerThreads);
         }
+        validate_bounds(&args)?;
         validate_api_limits(&args)?;
         if args.leader_election.enabled {
             validate_leader_election(&args.leader_election)?;
@@ -577,10 +645,70 @@ impl State {
     }
 }
 
+/// Refuses numbers above their bound (see the `MAX_*` constants).
+fn validate_bounds(args: &Args) -> Result<(), Error> {
+    let too_large = |flag, max: String, value: String| Err(Error::TooLarge { flag, max, value });
+    let le = &args.leader_election;
+    let durations = [
+        ("graceful-shutdown-timeout", args.graceful_shutdown_timeout),
+        ("leader-election-lease-duration", le.lease_duration),
+        ("leader-election-renew-deadline", le.renew_deadline),
+        ("leader-election-retry-period", le.retry_period),
+        ("log-flush-frequency", args.logging.flush_frequency),
+        ("reconcile-sync", args.reconcile_sync),
+        ("resync", args.resync),
+        ("retry-interval-max", args.retry_interval_max),
+        ("retry-interval-start", args.retry_interval_start),
+        ("timeout", args.timeout),
+    ];
+    for (flag, value) in durations {
+        if value > MAX_DURATION {
+            let (max, value) = (GoDuration(MAX_DURATION), GoDuration(value));
+            return too_large(flag, max.to_string(), value.to_string());
+        }
+    }
+    for (flag, qps) in [
+        ("hub-kube-api-qps", args.hub_kube_api_qps),
+        ("kube-api-qps", args.kube_api_qps),
+    ] {
+        // NaN is not at most the bound either.
+        if qps.is_nan() || qps > MAX_API_QPS {
+            return too_large(flag, MAX_API_QPS.to_string(), qps.to_string());
+        }
+    }
+    for (flag, burst) in [
+        ("hub-kube-api-burst", args.hub_kube_api_burst),
+        ("kube-api-burst", args.kube_api_burst),
+    ] {
+        if burst > MAX_API_BURST {
+            return too_large(flag, MAX_API_BURST.to_string(), burst.to_string());
+        }
+    }
+    if args.max_entries < 0 {
+        return Err(Error::Negative {
+            flag: "max-entries",
+            value: args.max_entries.to_string(),
+        });
+    }
+    if args.max_entries > MAX_LIST_ENTRIES {
+        let max = MAX_LIST_ENTRIES.to_string();
+        return too_large("max-entries", max, args.max_entries.to_string());
+    }
+    if args.max_grpc_log_length > MAX_GRPC_LOG_LENGTH {
+        let (max, value) = (MAX_GRPC_LOG_LENGTH, args.max_grpc_log_length);
+        return too_large("max-grpc-log-length", max.to_string(), value.to_string());
+    }
+    if args.worker_threads as u64 > MAX_WORKERS {
+        let (max, value) = (MAX_WORKERS, args.worker_threads);
+        return too_large("worker-threads", max.to_string(), value.to_string());
+    }
+    Ok(())
+}
+
 /// Refuses negative API bursts and caps: client-go accepts a negative burst and then fails every
 /// request, which no one wants; a negative QPS keeps client-go's meaning (no limit).
 fn validate_api_limits(args: &Args) -> Result<(), Error> {
-    let negative = |flag, value: String| Err(Error::NegativeApiLimit { flag, value });
+    let negative = |flag, value: String| Err(Error::Negative { flag, value });
     if args.kube_api_burst < 0 {
         return negative("kube-api-burst", args.kube_api_burst.to_string());
     }
@@ -618,6 +746,9 @@ fn validate_leader_election(le: &LeaderElection) -> Result<(), Error> {
         if value.is_zero() {
             return Err(Error::LeaderElectionZero(name));
         }
+    }
+    if le.lease_duration < MIN_LEASE_DURATION {
+        return Err(Error::LeaseDurationTooShort(le.lease_duration));
     }
     Ok(())
 }
@@ -689,7 +820,7 @@ static FLAGS: &[Flag] = &[
         name: "resync",
         kind: Kind::Value("duration"),
         default: "10m0s",
-        help: "Resync interval of the controller: every cached object is processed again this often.",
+        help: "Resync interval of the controller: every cached object is processed again this often; 0 turns it off. At most 24h.",
         set: |s, v| {
             s.args.resync = s.duration("resync", v)?;
             Ok(())
@@ -699,7 +830,7 @@ static FLAGS: &[Flag] = &[
         name: "timeout",
         kind: Kind::Value("duration"),
         default: "15s",
-        help: "Deadline of each ControllerPublish/ControllerUnpublish call, of each start-up Probe and of one reconcile pass.",
+        help: "Deadline of each ControllerPublish/ControllerUnpublish call, of each start-up Probe and of one reconcile pass. At most 24h.",
         set: |s, v| {
             s.args.timeout = s.duration("timeout", v)?;
             Ok(())
@@ -709,7 +840,7 @@ static FLAGS: &[Flag] = &[
         name: "retry-interval-start",
         kind: Kind::Value("duration"),
         default: "1s",
-        help: "Initial retry interval of a failed attach or detach. It doubles with each failure, up to retry-interval-max.",
+        help: "Initial retry interval of a failed attach or detach. It doubles with each failure, up to retry-interval-max. At most 24h.",
         set: |s, v| {
             s.args.retry_interval_start = s.duration("retry-interval-start", v)?;
             Ok(())
@@ -719,7 +850,7 @@ static FLAGS: &[Flag] = &[
         name: "retry-interval-max",
         kind: Kind::Value("duration"),
         default: "5m0s",
-        help: "Maximum retry interval of a failed attach or detach.",
+        help: "Maximum retry interval of a failed attach or detach. At most 24h.",
         set: |s, v| {
             s.args.retry_interval_max = s.duration("retry-interval-max", v)?;
             Ok(())
@@ -729,7 +860,7 @@ static FLAGS: &[Flag] = &[
         name: "worker-threads",
         kind: Kind::Value("uint"),
         default: "10",
-        help: "Number of attach workers; as many detach workers run beside them.",
+        help: "Number of attach workers; as many detach workers run beside them. 1 to 10000.",
         set: |s, v| {
             let n = parse_go_uint(v, 64)?;
             s.args.worker_threads = usize::try_from(n).map_err(|_| RANGE_ERROR.to_owned())?;
@@ -740,7 +871,7 @@ static FLAGS: &[Flag] = &[
         name: "max-entries",
         kind: Kind::Value("int"),
         default: "0",
-        help: "Maximum number of entries per ListVolumes page of the reconciler; 0 means no limit.",
+        help: "Maximum number of entries per ListVolumes page of the reconciler; 0 means no limit. 0 to 2147483647.",
         set: |s, v| {
             s.args.max_entries = parse_go_int(v, 64)?;
             Ok(())
@@ -760,7 +891,7 @@ static FLAGS: &[Flag] = &[
         name: "reconcile-sync",
         kind: Kind::Value("duration"),
         default: "1m0s",
-        help: "Interval between passes of the ListVolumes reconciler.",
+        help: "Interval between passes of the ListVolumes reconciler. At most 24h.",
         set: |s, v| {
             s.args.reconcile_sync = s.duration("reconcile-sync", v)?;
             Ok(())
@@ -770,7 +901,7 @@ static FLAGS: &[Flag] = &[
         name: "max-grpc-log-length",
         kind: Kind::Value("int"),
         default: "-1",
-        help: "Maximum number of characters of a logged gRPC response; a value of 0 or less means no limit.",
+        help: "Maximum number of characters of a logged gRPC response; a value of 0 or less means no limit. At most 4294967295.",
         set: |s, v| {
             s.args.max_grpc_log_length = parse_go_int(v, 64)?;
             Ok(())
@@ -843,7 +974,7 @@ static FLAGS: &[Flag] = &[
         name: "leader-election-lease-duration",
         kind: Kind::Value("duration"),
         default: "15s",
-        help: "How long non-leaders wait after the last renewal before trying to take the lead.",
+        help: "How long non-leaders wait after the last renewal before trying to take the lead. 1s to 24h.",
         set: |s, v| {
             s.args.leader_election.lease_duration =
                 s.duration("leader-election-lease-duration", v)?;
@@ -854,7 +985,7 @@ static FLAGS: &[Flag] = &[
         name: "leader-election-renew-deadline",
         kind: Kind::Value("duration"),
         default: "10s",
-        help: "How long the leader keeps retrying to renew before it gives up the lead.",
+        help: "How long the leader keeps retrying to renew before it gives up the lead. At most 24h.",
         set: |s, v| {
             s.args.leader_election.renew_deadline =
                 s.duration("leader-election-renew-deadline", v)?;
@@ -865,7 +996,7 @@ static FLAGS: &[Flag] = &[
         name: "leader-election-retry-period",
         kind: Kind::Value("duration"),
         default: "5s",
-        help: "Interval between attempts to take or renew the lead.",
+        help: "Interval between attempts to take or renew the lead. At most 24h.",
         set: |s, v| {
             s.args.leader_election.retry_period = s.duration("leader-election-retry-period", v)?;
             Ok(())
@@ -885,7 +1016,7 @@ static FLAGS: &[Flag] = &[
         name: "kube-api-qps",
         kind: Kind::Value("float"),
         default: "5",
-        help: "Queries per second allowed to the Kubernetes API server, per driver (each driver has the budget its sidecar had; 0 means 5, negative means no limit).",
+        help: "Queries per second allowed to the Kubernetes API server, per driver (each driver has the budget its sidecar had; 0 means 5, negative means no limit). At most 1000000.",
         set: |s, v| {
             s.args.kube_api_qps = parse_go_float(v)?;
             Ok(())
@@ -895,7 +1026,7 @@ static FLAGS: &[Flag] = &[
         name: "kube-api-burst",
         kind: Kind::Value("int"),
         default: "10",
-        help: "Burst of queries allowed to the Kubernetes API server, per driver (0 means 10).",
+        help: "Burst of queries allowed to the Kubernetes API server, per driver (0 means 10). 0 to 2000000.",
         set: |s, v| {
             s.args.kube_api_burst = parse_go_int(v, 64)?;
             Ok(())
@@ -905,7 +1036,7 @@ static FLAGS: &[Flag] = &[
         name: "hub-kube-api-qps",
         kind: Kind::Value("float"),
         default: "0",
-        help: "Optional cap of the whole process's queries per second to the Kubernetes API server, on top of each driver's own budget; waiting drivers take turns. 0 means no cap.",
+        help: "Optional cap of the whole process's queries per second to the Kubernetes API server, on top of each driver's own budget; waiting drivers take turns. 0 means no cap. 0 to 1000000.",
         set: |s, v| {
             s.args.hub_kube_api_qps = parse_go_float(v)?;
             Ok(())
@@ -915,7 +1046,7 @@ static FLAGS: &[Flag] = &[
         name: "hub-kube-api-burst",
         kind: Kind::Value("int"),
         default: "0",
-        help: "Burst of the process-wide cap (0 means twice -hub-kube-api-qps).",
+        help: "Burst of the process-wide cap (0 means twice -hub-kube-api-qps). 0 to 2000000.",
         set: |s, v| {
             s.args.hub_kube_api_burst = parse_go_int(v, 64)?;
             Ok(())
@@ -967,7 +1098,7 @@ static FLAGS: &[Flag] = &[
         name: "v",
         kind: Kind::Value("Level"),
         default: "0",
-        help: "Log verbosity: 0 info, 1-3 debug, 4 and above trace.",
+        help: "Log verbosity: 0 info, 1-3 debug, 4 and above trace. 0 to 4294967295.",
         set: |s, v| {
             s.args.logging.verbosity = parse_decimal_u32(v)?;
             Ok(())
@@ -997,7 +1128,7 @@ static FLAGS: &[Flag] = &[
         name: "log-flush-frequency",
         kind: Kind::Value("duration"),
         default: "5s",
-        help: "Maximum interval between log flushes.",
+        help: "Maximum interval between log flushes. At most 24h.",
         set: |s, v| {
             s.args.logging.flush_frequency = s.duration("log-flush-frequency", v)?;
             Ok(())
@@ -1096,7 +1227,7 @@ static FLAGS: &[Flag] = &[
         name: "graceful-shutdown-timeout",
         kind: Kind::Value("duration"),
         default: "10s",
-        help: "On SIGTERM, how long in-flight CSI calls may take to finish before leases are released.",
+        help: "On SIGTERM, how long in-flight CSI calls may take to finish before leases are released. At most 24h.",
         set: |s, v| {
             s.args.graceful_shutdown_timeout = s.duration("graceful-shutdown-timeout", v)?;
             Ok(())
@@ -1973,6 +2104,120 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "Option -worker-threads must be greater than zero"
+        );
+    }
+
+    #[test]
+    fn every_number_is_accepted_at_its_bound_and_refused_above_it() {
+        // (flag, the largest value accepted, the smallest refused, the bound as the usage
+        // and the error show it)
+        let cases: &[(&str, &str, &str, &str)] = &[
+            ("worker-threads", "10000", "10001", "10000"),
+            ("worker-threads", "10000", "1000000000", "10000"),
+            ("max-entries", "2147483647", "2147483648", "2147483647"),
+            (
+                "max-grpc-log-length",
+                "4294967295",
+                "4294967296",
+                "4294967295",
+            ),
+            ("kube-api-qps", "1e6", "1000000.5", "1000000"),
+            ("kube-api-qps", "1e6", "+Inf", "1000000"),
+            ("kube-api-qps", "1e6", "NaN", "1000000"),
+            ("hub-kube-api-qps", "1000000", "1e7", "1000000"),
+            ("kube-api-burst", "2000000", "2000001", "2000000"),
+            ("hub-kube-api-burst", "2000000", "2000001", "2000000"),
+            ("timeout", "24h", "24h0m0.000000001s", "24h"),
+            ("resync", "24h", "25h", "24h"),
+            ("retry-interval-start", "1440m", "2562047h", "24h"),
+            ("retry-interval-max", "24h", "25h", "24h"),
+            ("reconcile-sync", "24h", "25h", "24h"),
+            ("graceful-shutdown-timeout", "24h", "25h", "24h"),
+            ("log-flush-frequency", "24h", "25h", "24h"),
+            ("leader-election-lease-duration", "24h", "25h", "24h"),
+            ("leader-election-renew-deadline", "24h", "25h", "24h"),
+            ("leader-election-retry-period", "24h", "25h", "24h"),
+        ];
+        assert_eq!(GoDuration(MAX_DURATION).to_string(), "24h0m0s");
+        for &(flag, ok, bad, bound) in cases {
+            let help = FLAGS
+                .iter()
+                .find(|f| f.name == flag)
+                .map(|f| f.help)
+                .expect("a known flag");
+            assert!(
+                help.contains(bound),
+                "-{flag}: the usage shows the bound: {help}"
+            );
+            // Leader election off: only the bound applies, not the timing rules.
+            assert!(
+                matches!(parse(&[&format!("--{flag}={ok}")]), Ok(Parsed::Run(..))),
+                "--{flag}={ok}"
+            );
+            let e = err(&[&format!("--{flag}={bad}")]);
+            assert_eq!(e.exit_code(), 1, "--{flag}={bad}: {e}");
+            assert!(
+                matches!(e, Error::TooLarge { flag: f, .. } if f == flag),
+                "--{flag}={bad}: {e:?}"
+            );
+        }
+        assert_eq!(
+            err(&["--worker-threads=1000000000"]).to_string(),
+            "--worker-threads must be at most 10000, not 1000000000"
+        );
+        assert_eq!(
+            err(&["--timeout=25h"]).to_string(),
+            "--timeout must be at most 24h0m0s, not 25h0m0s"
+        );
+        assert_eq!(
+            err(&["--kube-api-qps=Inf"]).to_string(),
+            "--kube-api-qps must be at most 1000000, not inf"
+        );
+        // Go's own range errors keep exit 2.
+        assert_eq!(
+            err(&["--worker-threads=18446744073709551616"]).exit_code(),
+            2
+        );
+        assert_eq!(err(&["--timeout=2562048h"]).exit_code(), 2);
+        // Negative QPS (no limit) and negative log length (no cap) keep their meaning.
+        assert_eq!(
+            args(&["--kube-api-qps=-Inf"]).kube_api_qps,
+            f64::NEG_INFINITY
+        );
+        assert_eq!(
+            args(&["--max-grpc-log-length=-9223372036854775808"]).max_grpc_log_length,
+            i64::MIN
+        );
+        let e = err(&["--max-entries=-1"]);
+        assert_eq!(e.exit_code(), 1);
+        assert_eq!(e.to_string(), "--max-entries must not be negative, not -1");
+    }
+
+    #[test]
+    fn a_lease_under_one_second_is_refused_when_leader_election_is_on() {
+        let short = [
+            "--leader-election-lease-duration=900ms",
+            "--leader-election-renew-deadline=800ms",
+            "--leader-election-retry-period=100ms",
+        ];
+        assert!(matches!(parse(&short), Ok(Parsed::Run(..))));
+        let with: Vec<&str> = short.iter().copied().chain(["--leader-election"]).collect();
+        let e = err(&with);
+        assert_eq!(e, Error::LeaseDurationTooShort(Duration::from_millis(900)));
+        assert_eq!(e.exit_code(), 1);
+        assert_eq!(
+            e.to_string(),
+            "--leader-election-lease-duration (900ms) must be at least 1s: a Lease holds whole seconds"
+        );
+        assert!(
+            args(&[
+                "--leader-election",
+                "--leader-election-lease-duration=1s",
+                "--leader-election-renew-deadline=800ms",
+                "--leader-election-retry-period=100ms",
+            ])
+            .leader_election
+            .enabled
         );
     }
 

@@ -5,6 +5,13 @@
 //! `drivers.yaml:7:5: drivers[1].timeout: invalid duration "15": missing unit`.
 //! The types below are parser-neutral `serde`; only [`parse`] knows the YAML parser, which it
 //! also uses to index where each field sits in the text.
+//!
+//! Everything is bounded before anything is allocated for it: the file's size
+//! ([`MAX_FILE_BYTES`]), its encoding (UTF-8; the first invalid byte is named with its line and
+//! column), the YAML structure (nesting, nodes, anchors and alias expansion: the `yaml` module's
+//! budget), the number of drivers ([`MAX_DRIVERS`]) and of workers ([`MAX_HUB_WORKERS`]), and
+//! every number (the same bounds as the flags': [`cli::MAX_WORKERS`], [`cli::MAX_DURATION`],
+//! [`cli::MAX_API_QPS`], [`cli::MAX_API_BURST`], [`cli::MAX_LIST_ENTRIES`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -26,6 +33,24 @@ use crate::{
 
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+// === bounds ===
+
+/// Largest `drivers.yaml` read, in bytes. A ConfigMap holds at most 1 MiB, and a thousand
+/// fully commented entries like `drivers.example.yaml`'s first one take about 4 MiB; a larger
+/// file is not a driver list, and reading no more than this keeps a mistaken path (a log, a
+/// disk image) from filling memory.
+pub const MAX_FILE_BYTES: usize = 4 << 20;
+
+/// Most entries under `drivers:`. Clusters run a handful of CSI drivers, the largest a few
+/// dozen; each entry costs a connection, a Lease and three worker pools.
+pub const MAX_DRIVERS: usize = 1_000;
+
+/// Most workers of all the file's drivers together (attach, detach and PersistentVolume pools).
+/// [`cli::MAX_WORKERS`] bounds one pool; this bounds their sum, so that a thousand drivers with
+/// large pools cannot start millions of tasks: a hundred drivers with the default ten workers
+/// run 3,000.
+pub const MAX_HUB_WORKERS: u64 = 100_000;
 
 // === the file ===
 
@@ -141,7 +166,9 @@ impl<'de> Deserialize<'de> for WorkerThreads {
                 Ok(WorkerThreads::Both(v))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(WorkerThreads::Both(i64::try_from(v).unwrap_or(i64::MAX)))
+                i64::try_from(v)
+                    .map(WorkerThreads::Both)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
                 WorkerPools::deserialize(de::value::MapAccessDeserializer::new(map))
@@ -212,6 +239,34 @@ pub enum Problem {
     /// Not YAML, or not the expected shape (the parser's own words).
     #[error("{0}")]
     Syntax(String),
+    /// Longer than [`MAX_FILE_BYTES`]; the position is where the limit was passed.
+    #[error("the file is longer than {max} bytes, the most a driver list may have")]
+    TooLong {
+        /// [`MAX_FILE_BYTES`].
+        max: usize,
+    },
+    /// Not UTF-8; the position is that of the first invalid byte.
+    #[error("not UTF-8: invalid byte 0x{byte:02x}")]
+    NotUtf8 {
+        /// The first invalid byte.
+        byte: u8,
+    },
+    /// More entries than [`MAX_DRIVERS`]; the position is the first one too many.
+    #[error("more than {max} drivers")]
+    TooManyDrivers {
+        /// [`MAX_DRIVERS`].
+        max: usize,
+    },
+    /// The drivers up to this one run more workers than [`MAX_HUB_WORKERS`].
+    #[error(
+        "the drivers up to this one run {total} workers in all (attach, detach and PersistentVolume pools), more than {max}"
+    )]
+    TooManyWorkers {
+        /// Workers of the drivers up to and including this one.
+        total: u64,
+        /// [`MAX_HUB_WORKERS`].
+        max: u64,
+    },
     /// No `drivers`, or an empty list, without discovery.
     #[error("at least one driver is required")]
     NoDrivers,
@@ -240,14 +295,17 @@ pub enum Problem {
         "must not be {0}: write the requests per second (the client-go default is 5), or a negative number for no limit"
     )]
     ZeroQps(String),
-    /// A number outside the range the setting accepts.
-    #[error("{value} is out of range {range}")]
-    OutOfRange {
-        /// The value as written.
+    /// A number above the bound of the setting (see the `MAX_*` constants of [`cli`]).
+    #[error("must be at most {max}, not {value}")]
+    TooLarge {
+        /// The value (durations as written, numbers as read).
         value: String,
-        /// The accepted range.
-        range: &'static str,
+        /// The bound.
+        max: String,
     },
+    /// A lease duration under [`cli::MIN_LEASE_DURATION`].
+    #[error("must be at least 1s, not {0}: a Lease holds whole seconds")]
+    LeaseTooShort(String),
     /// `retryIntervalMax` below `retryIntervalStart` (after defaults are applied).
     #[error(
         "retryIntervalMax ({}) must not be less than retryIntervalStart ({})",
@@ -453,12 +511,32 @@ impl File {
         if self.drivers.is_empty() && !discovery {
             return Err(invalid("drivers", Problem::NoDrivers));
         }
-        let drivers = self
+        if self.drivers.len() > MAX_DRIVERS {
+            return Err(invalid(
+                format!("drivers[{MAX_DRIVERS}]"),
+                Problem::TooManyDrivers { max: MAX_DRIVERS },
+            ));
+        }
+        let drivers: Vec<Settings> = self
             .drivers
             .iter()
             .enumerate()
             .map(|(i, entry)| entry.validate(&format!("drivers[{i}]"), defaults))
             .collect::<Result<_, _>>()?;
+        let mut total: u64 = 0;
+        for (i, d) in drivers.iter().enumerate() {
+            // Each count is at most `cli::MAX_WORKERS`: no overflow.
+            total += 2 * d.attach_workers as u64 + d.detach_workers as u64;
+            if total > MAX_HUB_WORKERS {
+                return Err(invalid(
+                    format!("drivers[{i}].workerThreads"),
+                    Problem::TooManyWorkers {
+                        total,
+                        max: MAX_HUB_WORKERS,
+                    },
+                ));
+            }
+        }
         Ok(Config {
             drivers,
             hub_api_cap: self.hub_api_cap(defaults)?,
@@ -476,23 +554,15 @@ impl File {
         };
         let qps = match self.hub_kube_api_qps {
             None => flag_qps,
-            Some(q) if q.is_finite() && q >= 0.0 => q,
-            Some(q) => {
+            Some(q) if q < 0.0 => {
                 return Err(invalid("hubKubeApiQps", Problem::Negative(q.to_string())));
             }
+            Some(q) => qps_at_most_max("hubKubeApiQps", q)?,
         };
         let burst = match self.hub_kube_api_burst {
             None if self.hub_kube_api_qps.is_some() => 0,
             None => flag_burst,
-            Some(b) => u32::try_from(b).map_err(|_| {
-                invalid(
-                    "hubKubeApiBurst",
-                    Problem::OutOfRange {
-                        value: b.to_string(),
-                        range: "0..=4294967295",
-                    },
-                )
-            })?,
+            Some(b) => bounded("hubKubeApiBurst", b, 0, cli::MAX_API_BURST)?,
         };
         Ok(Limit::cap(qps, burst))
     }
@@ -502,6 +572,41 @@ fn invalid(field: impl Into<String>, problem: Problem) -> Invalid {
     Invalid {
         field: field.into(),
         problem: Box::new(problem),
+    }
+}
+
+/// `value` within `min..=max` (`min` 0 or 1, `max` at most `u32::MAX`), as a `u32`.
+fn bounded(field: &str, value: i64, min: i64, max: i64) -> Result<u32, Invalid> {
+    let problem = if value < min {
+        if min == 0 {
+            Problem::Negative(value.to_string())
+        } else {
+            Problem::NotPositive(value.to_string())
+        }
+    } else if value > max {
+        Problem::TooLarge {
+            value: value.to_string(),
+            max: max.to_string(),
+        }
+    } else {
+        // Within `min..=max`, so within `u32`.
+        return Ok(u32::try_from(value).unwrap_or(u32::MAX));
+    };
+    Err(invalid(field, problem))
+}
+
+/// A QPS not above [`cli::MAX_API_QPS`] (NaN and infinity are above it).
+fn qps_at_most_max(field: &str, qps: f64) -> Result<f64, Invalid> {
+    if qps <= cli::MAX_API_QPS {
+        Ok(qps)
+    } else {
+        Err(invalid(
+            field,
+            Problem::TooLarge {
+                value: qps.to_string(),
+                max: cli::MAX_API_QPS.to_string(),
+            },
+        ))
     }
 }
 
@@ -564,15 +669,9 @@ impl DriverEntry {
             }
         }
         if let Some(n) = self.max_entries {
-            s.max_entries = i32::try_from(n).ok().filter(|n| *n >= 0).ok_or_else(|| {
-                invalid(
-                    field("maxEntries"),
-                    Problem::OutOfRange {
-                        value: n.to_string(),
-                        range: "0..=2147483647",
-                    },
-                )
-            })?;
+            let n = bounded(&field("maxEntries"), n, 0, cli::MAX_LIST_ENTRIES)?;
+            // At most `MAX_LIST_ENTRIES`, which is `i32::MAX`.
+            s.max_entries = i32::try_from(n).unwrap_or(i32::MAX);
         }
         if let Some(fstype) = &self.default_fstype {
             s.default_fstype = fstype.clone();
@@ -581,31 +680,18 @@ impl DriverEntry {
             let qps = match self.kube_api_qps {
                 None => defaults.kube_api_qps,
                 // 0 would silently mean client-go's default of 5: ask for what is meant.
-                Some(q) if q == 0.0 || q.is_nan() => {
+                Some(q) if q == 0.0 => {
                     return Err(invalid(
                         field("kubeApiQps"),
                         Problem::ZeroQps(q.to_string()),
                     ));
                 }
-                Some(q) => q,
+                // Negative: no limit, as client-go reads it.
+                Some(q) => qps_at_most_max(&field("kubeApiQps"), q)?,
             };
             let burst = match self.kube_api_burst {
                 None => defaults.kube_api_burst,
-                Some(b) if b <= 0 => {
-                    return Err(invalid(
-                        field("kubeApiBurst"),
-                        Problem::NotPositive(b.to_string()),
-                    ));
-                }
-                Some(b) => u32::try_from(b).map_err(|_| {
-                    invalid(
-                        field("kubeApiBurst"),
-                        Problem::OutOfRange {
-                            value: b.to_string(),
-                            range: "1..=4294967295",
-                        },
-                    )
-                })?,
+                Some(b) => bounded(&field("kubeApiBurst"), b, 1, cli::MAX_API_BURST)?,
             };
             s.api_budget = Limit::client_go(qps, burst);
         }
@@ -616,22 +702,14 @@ impl DriverEntry {
     }
 }
 
+/// A worker count in `1..=cli::MAX_WORKERS`.
 fn workers(field: &str, n: i64) -> Result<usize, Invalid> {
-    if n <= 0 {
-        return Err(invalid(field, Problem::NotPositive(n.to_string())));
-    }
-    usize::try_from(n).map_err(|_| {
-        invalid(
-            field,
-            Problem::OutOfRange {
-                value: n.to_string(),
-                range: "1..",
-            },
-        )
-    })
+    let max = i64::try_from(cli::MAX_WORKERS).unwrap_or(i64::MAX);
+    let n = bounded(field, n, 1, max)?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
-/// A Go duration that is greater than zero.
+/// A Go duration greater than zero and at most [`cli::MAX_DURATION`].
 fn positive_duration(field: &str, value: &str) -> Result<Duration, Invalid> {
     let nanos = cli::parse_go_duration(value).map_err(|reason| {
         invalid(
@@ -643,7 +721,15 @@ fn positive_duration(field: &str, value: &str) -> Result<Duration, Invalid> {
         )
     })?;
     match u64::try_from(nanos) {
-        Ok(n) if n > 0 => Ok(Duration::from_nanos(n)),
+        Ok(n) if n > 0 => {
+            let d = Duration::from_nanos(n);
+            if d > cli::MAX_DURATION {
+                let max = GoDuration(cli::MAX_DURATION).to_string();
+                let value = value.to_owned();
+                return Err(invalid(field, Problem::TooLarge { value, max }));
+            }
+            Ok(d)
+        }
         _ => Err(invalid(field, Problem::NotPositive(value.to_owned()))),
     }
 }
@@ -707,6 +793,14 @@ fn leader_election(
             },
         ));
     }
+    if lease_duration < cli::MIN_LEASE_DURATION {
+        let blamed = match o.lease_duration {
+            Some(_) => field("leaseDuration"),
+            None => at.to_owned(),
+        };
+        let problem = Problem::LeaseTooShort(GoDuration(lease_duration).to_string());
+        return Err(invalid(blamed, problem));
+    }
     let mut settings =
         defaults.leader_settings(o.namespace.as_deref().or(flags.namespace.as_deref()));
     settings.lease_duration = lease_duration;
@@ -764,12 +858,79 @@ fn check_unique(settings: &[Settings]) -> Result<(), (Invalid, usize)> {
 // === loading ===
 
 /// Reads, parses and validates the driver list at `path`. `discovery`: see [`File::validate`].
+/// Reads at most one byte more than [`MAX_FILE_BYTES`].
 pub fn load(path: &Path, defaults: &Defaults, discovery: bool) -> Result<Config> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+    use std::io::Read as _;
+    let read_error = |source| Error::Read {
         path: path.to_owned(),
         source,
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    parse_bytes(&bytes, &path.display().to_string(), defaults, discovery)
+}
+
+/// Checks that `bytes` are UTF-8, then [`parse`]s them; the first invalid byte is named with its
+/// line and column.
+pub fn parse_bytes(
+    bytes: &[u8],
+    file_label: &str,
+    defaults: &Defaults,
+    discovery: bool,
+) -> Result<Config> {
+    check_size(bytes, file_label)?;
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        let at = e.valid_up_to();
+        invalid_text(file_label, bytes, at, Problem::NotUtf8 { byte: bytes[at] })
     })?;
-    parse(&text, &path.display().to_string(), defaults, discovery)
+    parse(text, file_label, defaults, discovery)
+}
+
+/// Refuses more than [`MAX_FILE_BYTES`], at the position of the first byte too many.
+fn check_size(bytes: &[u8], file_label: &str) -> Result<()> {
+    if bytes.len() > MAX_FILE_BYTES {
+        let problem = Problem::TooLong {
+            max: MAX_FILE_BYTES,
+        };
+        return Err(invalid_text(file_label, bytes, MAX_FILE_BYTES, problem));
+    }
+    Ok(())
+}
+
+/// An error at byte `offset` of `bytes`, placed by [`position_of`].
+fn invalid_text(file_label: &str, bytes: &[u8], offset: usize, problem: Problem) -> Error {
+    let (line, column) = position_of(bytes, offset);
+    Error::Invalid {
+        file: file_label.to_owned(),
+        line,
+        column,
+        field: None,
+        problem: Box::new(problem),
+    }
+}
+
+/// The 1-based line and column of byte `offset`: lines end at `\n`, `\r\n` or a lone `\r`
+/// (as in YAML), and columns count characters (as the YAML parser's positions do), the bytes
+/// before `offset` read as UTF-8 (an invalid sequence counts as one character).
+fn position_of(bytes: &[u8], offset: usize) -> Pos {
+    let offset = offset.min(bytes.len());
+    let mut line: u64 = 1;
+    let mut line_start = 0;
+    for (i, &b) in bytes[..offset].iter().enumerate() {
+        let ends_line = b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n'));
+        if ends_line {
+            line += 1;
+            line_start = i + 1;
+        }
+    }
+    let column = String::from_utf8_lossy(&bytes[line_start..offset])
+        .chars()
+        .count() as u64
+        + 1;
+    (line, column)
 }
 
 /// Parses and validates a driver list; `file_label` names the file in errors.
@@ -781,10 +942,11 @@ pub fn parse(text: &str, file_label: &str, defaults: &Defaults, discovery: bool)
         field,
         problem: Box::new(problem),
     };
+    check_size(text.as_bytes(), file_label)?;
     // Syntax first, on a schema-free tree: it also tells where every field is.
     let index =
         yaml::index(text).map_err(|(pos, message)| error(pos, None, Problem::Syntax(message)))?;
-    let file: File = serde_saphyr::from_str(text).map_err(|e| {
+    let file: File = serde_saphyr::from_str_with_options(text, yaml::options()).map_err(|e| {
         let (pos, field) = index.locate_error(&e);
         error(pos, field, Problem::Syntax(yaml::message(&e)))
     })?;
@@ -835,7 +997,17 @@ mod yaml {
                     f.write_str("a mapping key")
                 }
                 fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
-                    Ok(Key(v.to_owned()))
+                    // Control characters (a quoted "a\nb") escaped: error messages stay on one line.
+                    Ok(Key(v
+                        .chars()
+                        .map(|c| {
+                            if c.is_control() {
+                                c.escape_default().to_string()
+                            } else {
+                                c.to_string()
+                            }
+                        })
+                        .collect()))
                 }
                 fn visit_bool<E: de::Error>(self, v: bool) -> Result<Key, E> {
                     Ok(Key(v.to_string()))
@@ -935,12 +1107,55 @@ mod yaml {
         (l.line().max(1), l.column().max(1))
     }
 
+    /// Deepest nesting of collections. The deepest field, `drivers[i].leaderElection.labels`,
+    /// sits in four; the parser's default (64) recurses deeper than a driver list ever needs.
+    const MAX_DEPTH: usize = 16;
+
+    /// Most YAML nodes (scalars, sequences, mappings; keys count), alias expansions included.
+    /// An entry with every field written has about 50, so [`super::MAX_DRIVERS`] such entries
+    /// fit twice over; the parser's default (250,000) takes seconds to build in a debug build.
+    const MAX_NODES: usize = 100_000;
+
+    /// Most events replayed by aliases in the whole document: enough to share a
+    /// `leaderElection` object of four settings (ten events) among every one of
+    /// [`super::MAX_DRIVERS`] entries, while a "billion laughs" document stops after this many
+    /// (in well under a second in a debug build).
+    const MAX_ALIAS_REPLAY_EVENTS: usize = 10 * super::MAX_DRIVERS;
+
+    /// The parser's options: its defaults (duplicate keys refused, non-finite untyped floats
+    /// refused) with a budget sized for driver lists. Every breach is an error at the position
+    /// where it happened, like any syntax error.
+    pub(super) fn options() -> serde_saphyr::Options {
+        serde_saphyr::options! {
+            budget: serde_saphyr::budget! {
+                max_reader_input_bytes: Some(super::MAX_FILE_BYTES),
+                max_depth: MAX_DEPTH,
+                flow_nesting_limit: MAX_DEPTH,
+                max_nodes: MAX_NODES,
+                // Every node is one event, every collection one more for its end.
+                max_events: 2 * MAX_NODES + 16,
+                max_aliases: MAX_ALIAS_REPLAY_EVENTS,
+                max_anchors: MAX_NODES,
+                max_total_scalar_bytes: super::MAX_FILE_BYTES,
+            },
+            alias_limits: serde_saphyr::alias_limits! {
+                max_total_replayed_events: MAX_ALIAS_REPLAY_EVENTS,
+                max_replay_stack_depth: MAX_DEPTH,
+            },
+            // Comments are never read; not keeping them keeps them out of the event budget.
+            emit_comments: false,
+            // `.inf`/`.nan` reach the typed pass, which names the field they are refused for.
+            non_finite_float_policy: serde_saphyr::options::NonFiniteFloatPolicy::PassThrough,
+        }
+    }
+
     /// Parses `text` without a schema; a syntax error comes back as its position and message.
     pub(super) fn index(text: &str) -> Result<Index, (Pos, String)> {
-        let root: Spanned<Node> = serde_saphyr::from_str(text).map_err(|e| {
-            let at = e.location().map_or((1, 1), |l| pos(&l));
-            (at, message(&e))
-        })?;
+        let root: Spanned<Node> =
+            serde_saphyr::from_str_with_options(text, options()).map_err(|e| {
+                let at = e.location().map_or((1, 1), |l| pos(&l));
+                (at, message(&e))
+            })?;
         let mut entries = Vec::new();
         let start = pos(&root.referenced);
         walk(&root.value, "", start, start, &mut entries);
@@ -1287,7 +1502,7 @@ mod tests {
             ),
             (
                 "drivers:\n- address: /a\n  maxEntries: -1\n",
-                "drivers.yaml:3:3: drivers[0].maxEntries: -1 is out of range 0..=2147483647",
+                "drivers.yaml:3:3: drivers[0].maxEntries: must not be negative, not -1",
             ),
             (
                 "drivers:\n- address: /a\n  kubeApiQps: 0\n",
@@ -1299,7 +1514,7 @@ mod tests {
             ),
             (
                 "drivers:\n- address: /a\nhubKubeApiQps: 10\nhubKubeApiBurst: -5\n",
-                "drivers.yaml:4:1: hubKubeApiBurst: -5 is out of range 0..=4294967295",
+                "drivers.yaml:4:1: hubKubeApiBurst: must not be negative, not -5",
             ),
             (
                 "drivers:\n- address: /a\n  kubeApiBurst: 0\n",
@@ -1345,6 +1560,88 @@ mod tests {
                 "drivers:\n- address: /a\n  timeout: 1s\n  timeout: 2s\n",
                 "drivers.yaml:4:3: duplicate mapping key `timeout` is not allowed here",
             ),
+            // Bounds: the same as the flags'.
+            (
+                "drivers:\n- address: /a\n  workerThreads: 1000000000\n",
+                "drivers.yaml:3:3: drivers[0].workerThreads: must be at most 10000, not 1000000000",
+            ),
+            (
+                "drivers:\n- address: /a\n  workerThreads: {attach: 10001, detach: 1}\n",
+                "drivers.yaml:3:19: drivers[0].workerThreads.attach: must be at most 10000, not 10001",
+            ),
+            (
+                "drivers:\n- address: /a\n  workerThreads:\n    attach: 1\n    detach: 20000\n",
+                "drivers.yaml:5:5: drivers[0].workerThreads.detach: must be at most 10000, not 20000",
+            ),
+            (
+                "drivers:\n- address: /a\n  workerThreads: 18446744073709551615\n",
+                "drivers.yaml:3:3: drivers[0].workerThreads: invalid value: integer `18446744073709551615`, expected a number of workers, or {attach: N, detach: M}",
+            ),
+            (
+                "drivers:\n- address: /a\n  timeout: 25h\n",
+                "drivers.yaml:3:3: drivers[0].timeout: must be at most 24h0m0s, not 25h",
+            ),
+            (
+                "drivers:\n- address: /a\n  retryIntervalMax: 24h0m1s\n",
+                "drivers.yaml:3:3: drivers[0].retryIntervalMax: must be at most 24h0m0s, not 24h0m1s",
+            ),
+            (
+                "drivers:\n- address: /a\n  reconcileSync: 2562047h\n",
+                "drivers.yaml:3:3: drivers[0].reconcileSync: must be at most 24h0m0s, not 2562047h",
+            ),
+            (
+                "drivers:\n- address: /a\n  leaderElection: {leaseDuration: 48h}\n",
+                "drivers.yaml:3:20: drivers[0].leaderElection.leaseDuration: must be at most 24h0m0s, not 48h",
+            ),
+            (
+                "drivers:\n- address: /a\n  leaderElection: {leaseDuration: 900ms, renewDeadline: 800ms, retryPeriod: 100ms}\n",
+                "drivers.yaml:3:20: drivers[0].leaderElection.leaseDuration: must be at least 1s, not 900ms: a Lease holds whole seconds",
+            ),
+            (
+                "drivers:\n- address: /a\n  maxEntries: 2147483648\n",
+                "drivers.yaml:3:3: drivers[0].maxEntries: must be at most 2147483647, not 2147483648",
+            ),
+            (
+                "drivers:\n- address: /a\n  kubeApiQps: 1e7\n",
+                "drivers.yaml:3:3: drivers[0].kubeApiQps: must be at most 1000000, not 10000000",
+            ),
+            (
+                "drivers:\n- address: /a\n  kubeApiQps: .inf\n",
+                "drivers.yaml:3:3: drivers[0].kubeApiQps: must be at most 1000000, not inf",
+            ),
+            (
+                "drivers:\n- address: /a\n  kubeApiQps: .nan\n",
+                "drivers.yaml:3:3: drivers[0].kubeApiQps: must be at most 1000000, not NaN",
+            ),
+            (
+                "drivers:\n- address: /a\n  kubeApiBurst: 2000001\n",
+                "drivers.yaml:3:3: drivers[0].kubeApiBurst: must be at most 2000000, not 2000001",
+            ),
+            (
+                "hubKubeApiQps: .inf\ndrivers:\n- address: /a\n",
+                "drivers.yaml:1:1: hubKubeApiQps: must be at most 1000000, not inf",
+            ),
+            (
+                "hubKubeApiBurst: 2000001\ndrivers:\n- address: /a\n",
+                "drivers.yaml:1:1: hubKubeApiBurst: must be at most 2000000, not 2000001",
+            ),
+            // Characters YAML does not allow, wherever they are.
+            (
+                "drivers:\n- address: /a\0b\n",
+                "drivers.yaml:2:14: unexpected character: `\\u{0}'",
+            ),
+            (
+                "drivers:\n\u{feff}- address: /a\n",
+                "drivers.yaml:2:1: a BOM must not appear inside a document",
+            ),
+            (
+                "drivers:\n- address: /a\n  \"time\\nout\": 5s\n",
+                "drivers.yaml:3:3: drivers[0].time\\nout: unknown field `time out`, expected one of address, name, timeout, workerThreads, retryIntervalStart, retryIntervalMax, reconcileSync, maxEntries, defaultFstype, kubeApiQps, kubeApiBurst, leaderElection",
+            ),
+            (
+                "drivers:\n- address: /a\n---\ndrivers: []\n",
+                "drivers.yaml:4:1: only single YAML document expected but multiple found",
+            ),
         ];
         let mut failures = Vec::new();
         for (text, want) in cases {
@@ -1354,6 +1651,128 @@ mod tests {
             }
         }
         assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn a_file_that_is_not_utf8_is_refused_at_its_first_invalid_byte() {
+        let err = |bytes: &[u8]| match parse_bytes(bytes, "drivers.yaml", &defaults(), false) {
+            Ok(c) => panic!("{bytes:?} should be refused, got {c:?}"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(
+            err(b"\xff"),
+            "drivers.yaml:1:1: not UTF-8: invalid byte 0xff"
+        );
+        // Columns count characters: `- address: /é` is 13.
+        assert_eq!(
+            err(b"drivers:\n- address: /\xc3\xa9\xfe\n"),
+            "drivers.yaml:2:14: not UTF-8: invalid byte 0xfe"
+        );
+        // A sequence cut short at the end of the file; CR LF and a lone CR end lines.
+        assert_eq!(
+            err(b"drivers:\r\n- name: x\r- address: /\xe6\x97"),
+            "drivers.yaml:3:13: not UTF-8: invalid byte 0xe6"
+        );
+        // Latin-1 instead of UTF-8.
+        assert_eq!(
+            err(b"drivers:\n- address: /a\n  name: caf\xe9\n"),
+            "drivers.yaml:3:12: not UTF-8: invalid byte 0xe9"
+        );
+        let ok = "drivers:\n- address: /a\n  name: caf\u{e9}\n";
+        assert!(parse_bytes(ok.as_bytes(), "f", &defaults(), false).is_ok());
+        // A BOM before the document is fine.
+        let bom = "\u{feff}drivers:\n- address: /a\n";
+        assert!(parse_bytes(bom.as_bytes(), "f", &defaults(), false).is_ok());
+    }
+
+    #[test]
+    fn a_file_longer_than_the_bound_is_refused_where_it_passes_it() {
+        let line = "# a comment line of sixty-four bytes, padded to that length....\n";
+        assert_eq!(line.len(), 64);
+        let mut text = format!(
+            "drivers:\n- address: /a\n{}",
+            line.repeat(MAX_FILE_BYTES / 64)
+        );
+        text.truncate(MAX_FILE_BYTES);
+        assert!(
+            parse(&text, "f", &defaults(), false).is_ok(),
+            "exactly the bound"
+        );
+        text.push('x');
+        // 2 lines, then 65,535 full comment lines and 41 bytes of the next: the byte past the
+        // bound is the last one, at column 42 of line 65,538.
+        assert_eq!(
+            parse_err(&text),
+            "drivers.yaml:65538:42: the file is longer than 4194304 bytes, the most a driver list may have"
+        );
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("drivers.yaml");
+        std::fs::write(&path, text.repeat(4)).expect("writing");
+        let e = load(&path, &defaults(), false).expect_err("too long");
+        assert!(
+            e.to_string().ends_with(
+                ":65538:42: the file is longer than 4194304 bytes, the most a driver list may have"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn yaml_bombs_and_deep_nesting_stop_at_the_budget_with_a_position() {
+        // Ten levels of ten aliases each: 10^10 nodes if expanded.
+        let mut bomb =
+            String::from("drivers:\n- address: /a\n  labels:\n    l0: &l0 [x,x,x,x,x,x,x,x,x,x]\n");
+        for i in 1..10 {
+            let p = i - 1;
+            bomb.push_str(&format!(
+                "    l{i}: &l{i} [*l{p},*l{p},*l{p},*l{p},*l{p},*l{p},*l{p},*l{p},*l{p},*l{p}]\n"
+            ));
+        }
+        let started = std::time::Instant::now();
+        let e = parse_err(&bomb);
+        assert!(e.starts_with("drivers.yaml:"), "{e}");
+        assert!(e.contains("YAML document too large or too complex"), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+
+        let deep = format!("drivers: {}{}\n", "[".repeat(17), "]".repeat(17));
+        let e = parse_err(&deep);
+        assert!(e.starts_with("drivers.yaml:1:"), "{e}");
+        let deep = format!("drivers: {}1{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(parse_err(&deep).starts_with("drivers.yaml:1:"));
+        let mut block = String::from("drivers:\n");
+        for i in 1..40 {
+            block.push_str(&format!("{}- \n", " ".repeat(i)));
+        }
+        assert!(parse_err(&block).starts_with("drivers.yaml:"));
+        // A real file's depth (labels inside leaderElection inside an entry) is well within it.
+        parse_ok("drivers:\n- address: /a\n  leaderElection:\n    labels: {a: b}\n");
+    }
+
+    #[test]
+    fn the_number_of_drivers_and_of_all_their_workers_is_bounded() {
+        let entries = |n: usize, extra: &str| {
+            let mut text = String::from("drivers:\n");
+            for i in 0..n {
+                text.push_str(&format!("- address: /d{i}\n{extra}"));
+            }
+            text
+        };
+        assert_eq!(parse_ok(&entries(MAX_DRIVERS, "")).len(), MAX_DRIVERS);
+        assert_eq!(
+            parse_err(&entries(MAX_DRIVERS + 1, "")),
+            "drivers.yaml:1002:3: drivers[1000]: more than 1000 drivers"
+        );
+        // Three drivers with 10,000 workers per pool run 90,000 workers; a fourth is too many.
+        let big = "  workerThreads: 10000\n";
+        assert_eq!(parse_ok(&entries(3, big)).len(), 3);
+        assert_eq!(
+            parse_err(&entries(4, big)),
+            "drivers.yaml:9:3: drivers[3].workerThreads: the drivers up to this one run 120000 workers in all (attach, detach and PersistentVolume pools), more than 100000"
+        );
     }
 
     #[test]

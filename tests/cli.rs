@@ -121,6 +121,32 @@ fn exit_codes_and_output_match_external_attacher() {
             "unrecognized feature gate: NoSuchGate",
         ),
         case(&["--leader-election=maybe"], 2, "", "invalid boolean value"),
+        // Above attacher-hub's bounds (Go accepts them): a configuration error.
+        case(
+            &["--worker-threads=1000000000"],
+            1,
+            "",
+            "--worker-threads must be at most 10000, not 1000000000",
+        ),
+        case(
+            &["--timeout=25h"],
+            1,
+            "",
+            "--timeout must be at most 24h0m0s, not 25h0m0s",
+        ),
+        case(
+            &["--kube-api-qps=Inf"],
+            1,
+            "",
+            "--kube-api-qps must be at most 1000000, not inf",
+        ),
+        // Beyond Go's own range: Go's parse error.
+        case(
+            &["--worker-threads=18446744073709551616"],
+            2,
+            "",
+            "invalid value \"18446744073709551616\" for flag -worker-threads: value out of range",
+        ),
         case(&["--logging-format=xml"], 1, "", "--logging-format"),
         case(&["--log-text-split-stream"], 1, "", "LoggingAlphaOptions"),
     ];

@@ -9,7 +9,7 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Runs the binary with `--config <file holding text>` and a kubeconfig that does not exist,
 /// so that getting as far as the cluster would fail differently (exit 1, another message).
-fn run_with_config(text: &str) -> (tempfile::TempDir, String, Output) {
+fn run_with_config(text: impl AsRef<[u8]>) -> (tempfile::TempDir, String, Output) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("drivers.yaml");
     std::fs::write(&path, text).expect("writing the driver list");
@@ -76,6 +76,61 @@ fn names_that_share_a_finalizer_exit_2_naming_both() {
         "{path}:5:3: drivers[1].name: driver names \"a-b\" and \"a.b\" (drivers[0], line 2) both use the finalizer \"external-attacher/a-b\""
     );
     assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
+}
+
+#[test]
+fn an_oversized_worker_count_exits_2_naming_its_line_before_allocating_anything() {
+    // 10^9 workers per pool used to abort the process (allocation failure, SIGABRT).
+    for (workers, line) in [
+        (
+            "workerThreads: 1000000000",
+            "3:5: drivers[0].workerThreads: must be at most 10000, not 1000000000",
+        ),
+        (
+            "workerThreads: {attach: 4, detach: 1000000000}",
+            "3:32: drivers[0].workerThreads.detach: must be at most 10000, not 1000000000",
+        ),
+    ] {
+        let (_dir, path, out) = run_with_config(format!(
+            "drivers:\n  - address: /csi/a.sock\n    {workers}\n"
+        ));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{workers}: stderr: {stderr}");
+        let want = format!("attacher-hub: {path}:{line}");
+        assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
+    }
+}
+
+#[test]
+fn a_file_that_is_not_utf8_exits_2_naming_the_first_invalid_byte() {
+    // "café" in Latin-1: the é is the single byte 0xe9.
+    let (_dir, path, out) =
+        run_with_config(b"drivers:\n  - address: /csi/a.sock\n    name: caf\xe9.example.com\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let want = format!("attacher-hub: {path}:3:14: not UTF-8: invalid byte 0xe9");
+    assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
+}
+
+#[test]
+fn a_file_with_a_nul_byte_or_longer_than_the_bound_exits_2_with_a_position() {
+    let (_dir, path, out) = run_with_config("drivers:\n  - address: /csi/a.sock\0\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let want = format!("attacher-hub: {path}:2:25: unexpected character");
+    assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
+
+    // A number literal longer than the file bound (4 MiB) is refused without parsing it.
+    let mut text = b"drivers:\n  - address: /csi/a.sock\n    maxEntries: ".to_vec();
+    text.resize(attacher_hub::config::MAX_FILE_BYTES + 10, b'9');
+    let (_dir, path, out) = run_with_config(text);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let want = format!("attacher-hub: {path}:3:");
+    assert!(
+        stderr.contains(&want) && stderr.contains("the file is longer than 4194304 bytes"),
+        "want {want:?} in stderr:\n{stderr}"
+    );
 }
 
 #[test]
