@@ -589,6 +589,24 @@ async fn hub_sigkill_mid_detach() {
     .await;
 }
 
+/// Returns once every hub leads exactly `each` drivers.
+async fn balanced(hubs: &[FHub], each: usize) {
+    loop {
+        let mut per = Vec::new();
+        for h in hubs {
+            per.push(h.try_drivers().await.map_or(0, |ds| {
+                ds.iter()
+                    .filter(|d| kit::fhub::state_of(d) == "leading")
+                    .count()
+            }));
+        }
+        if per.iter().all(|n| *n == each) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "make faults: two replicas, two leader kills with client-go's default timings (~2 min)"]
 async fn two_replicas_leader_kills() {
@@ -647,6 +665,15 @@ async fn two_replicas_leader_kills() {
         report.figure("all_led_s", secs(t_start.elapsed()));
         let base = world.create_vas(8, "base").await;
         report.check("baseline", world.ledger.wait_attached(&base, SETTLE).await);
+        // Balanced 2/2 before the first kill, as a deployment runs.
+        let t_bal = Instant::now();
+        match tokio::time::timeout(Duration::from_secs(90), balanced(&hubs, names.len() / 2)).await
+        {
+            Ok(()) => report.figure("initial_balance_s", secs(t_bal.elapsed())),
+            Err(_) => {
+                report.violation("replicas not balanced 2/2 within 90 s of start".to_string())
+            }
+        }
 
         for round in 0..2 {
             // Kill the replica leading the most drivers.
@@ -690,23 +717,9 @@ async fn two_replicas_leader_kills() {
             // The victim comes back (same identity) and takes its share again.
             hubs[victim].restart().await;
             let t1 = Instant::now();
-            let balanced = async {
-                loop {
-                    let mut per = Vec::new();
-                    for h in &hubs {
-                        per.push(h.try_drivers().await.map_or(0, |ds| {
-                            ds.iter()
-                                .filter(|d| kit::fhub::state_of(d) == "leading")
-                                .count()
-                        }));
-                    }
-                    if per.iter().all(|n| *n == names.len() / 2) {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            };
-            match tokio::time::timeout(Duration::from_secs(90), balanced).await {
+            match tokio::time::timeout(Duration::from_secs(90), balanced(&hubs, names.len() / 2))
+                .await
+            {
                 Ok(()) => report.figure(&format!("rebalance{round}_s"), secs(t1.elapsed())),
                 Err(_) => report.violation(format!(
                     "replicas not balanced 2/2 within 90 s after restart {round}"
@@ -727,8 +740,8 @@ async fn two_replicas_leader_kills() {
         }
         report.violations(world.check(&[], SETTLE).await);
         report.violations(world.finish(CLEANUP).await);
-        for h in &mut hubs {
-            report.memory(h);
+        for (i, h) in hubs.iter_mut().enumerate() {
+            report.memory_as(h, &format!("hub{i}_"));
             if let Err(e) = h.terminate(STOP).await {
                 report.violation(e);
             }

@@ -61,9 +61,14 @@ impl Report {
 
     /// Adds the hub's memory (`rss_mib`, `peak_rss_mib`) if it runs.
     pub(crate) fn memory(&mut self, hub: &fhub::FHub) {
+        self.memory_as(hub, "");
+    }
+
+    /// [`Report::memory`] with a prefix on the figures' names (`a_rss_mib`).
+    pub(crate) fn memory_as(&mut self, hub: &fhub::FHub, prefix: &str) {
         if let Some((rss, hwm)) = hub.memory_kib() {
-            self.figure("rss_mib", rss / 1024);
-            self.figure("peak_rss_mib", hwm / 1024);
+            self.figure(&format!("{prefix}rss_mib"), rss / 1024);
+            self.figure(&format!("{prefix}peak_rss_mib"), hwm / 1024);
         }
     }
 
