@@ -51,7 +51,9 @@ cargo test --test regressions --no-fail-fast -- --include-ignored --test-threads
 set -e
 
 known=$(sed -n 's/^ *"\([a-z0-9_]*\)",.*$/\1/p' tests/faults/known.rs)
-failed=$(sed -n 's/^test \([a-z0-9_]*\) \.\.\. FAILED$/\1/p' "$out/test.log" | sort -u)
+# libtest's closing list of each binary: "failures:" then one indented name per line.
+failed=$(awk '/^failures:$/ {f=1; next} f && /^    [a-z0-9_:]+$/ {sub(/^ +/, ""); print; next} {f=0}' \
+  "$out/test.log" | sort -u)
 passed=$(sed -n 's/^test \([a-z0-9_]*\) \.\.\. ok$/\1/p' "$out/test.log" | sort -u)
 fixed=$(grep -o 'FIXED: [a-z0-9_]*' "$out/test.log" | cut -d' ' -f2 | sort -u || true)
 new=""
