@@ -7,11 +7,15 @@
 #   make cluster-up    start etcd + kube-apiserver (last line: admin kubeconfig path)
 #   make cluster-down  stop them
 #   make bench         Go external-attacher versus attacher-hub (report in target/bench-report.md)
+#   make faults        the fault matrix and regression tests on a control plane of their own
+#                      (root for the black-hole scenarios; results in target/faults/; docs/reliability.md)
 
 # Where the local control plane keeps its state, logs and kubeconfigs.
 CLUSTER_DIR ?= .work/cluster
+# The fault suite's own control plane (its scenarios kill etcd and the API server).
+FAULTS_CLUSTER_DIR ?= .work/faults-cluster
 
-.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench
+.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench faults
 
 demo:
 	@scripts/demo.sh --cluster-dir $(CLUSTER_DIR) $(DEMO_ARGS)
@@ -39,3 +43,6 @@ clippy:
 
 bench:
 	cargo test --release --test bench -- --ignored --nocapture
+
+faults:
+	@scripts/faults.sh $(FAULTS_CLUSTER_DIR)

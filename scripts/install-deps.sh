@@ -4,7 +4,9 @@
 # PKI), python3 (free ports, the demo's table), curl, util-linux (flock,
 # setsid, unshare), make, and prometheus (Prometheus and promtool for
 # tests/prometheus.rs; left out with --no-prometheus, as the demo needs
-# neither). Go and Rust must already be there.
+# neither), and for `make faults` iproute2 and iptables (the black-hole
+# scenarios' network namespaces and packet drops) and util-linux's prlimit.
+# Go and Rust must already be there.
 set -euo pipefail
 with_prometheus=1
 [ "${1:-}" = "--no-prometheus" ] && with_prometheus=0
@@ -20,6 +22,9 @@ need flock util-linux
 need setsid util-linux
 need unshare util-linux
 need make make
+need prlimit util-linux
+need ip iproute2
+need iptables iptables
 if [ "$with_prometheus" = 1 ]; then
   need prometheus prometheus
   need promtool prometheus

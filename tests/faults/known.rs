@@ -1,0 +1,70 @@
+//! Tests that fail on the current code, each for a diagnosed bug (see
+//! `docs/reliability.md`). Empty this list as fixes land.
+//!
+//! A listed test is not run by `make test` (it prints a loud `KNOWN FAILURE`
+//! line instead, on the terminal, past libtest's capture). `make faults`
+//! (`ATTACHER_FAULTS=1`) runs it: a failure is reported as a known failure;
+//! a pass fails the test with `FIXED:` so that the name leaves this list.
+
+use std::future::Future;
+use std::io::Write;
+
+use futures::FutureExt;
+
+/// Names of the tests (scenarios of `tests/faults.rs`, regressions of
+/// `tests/regressions.rs`) that fail today.
+pub(crate) const KNOWN_FAILING: &[&str] = &[
+    // tests/regressions.rs
+    "leadership_lost_mid_call_does_not_strand_keys",
+    "one_failed_renewal_does_not_end_leadership",
+    "a_dead_replicas_presence_does_not_hold_back_fail_over",
+    "a_hand_over_leaves_no_gap",
+    "a_silent_partition_heals",
+    "sigterm_during_a_silent_partition_finishes",
+    "recovery_after_a_visible_cut_off_is_prompt",
+    "worker_threads_out_of_range_exits_2_with_position",
+    "non_utf8_drivers_yaml_error_names_a_position",
+    "replicas_with_different_driver_sets_do_not_starve",
+    "registry_refuses_a_name_claimed_twice_at_once",
+    "attach_duration_counts_one_observation_per_attach",
+    "a_removed_driver_leaves_no_series",
+    // tests/faults.rs
+    "silent_partition_kills_connections",
+    "config_fuzz_bytes",
+    "leader_lost_while_csi_calls_run_past_the_drain",
+];
+
+/// Whether `make faults` runs this process (it sets `ATTACHER_FAULTS=1`).
+pub(crate) fn faults_run() -> bool {
+    std::env::var_os("ATTACHER_FAULTS").is_some_and(|v| v == "1")
+}
+
+/// Writes a line straight to the terminal's stderr (libtest captures only
+/// `print!`/`eprint!`, so this shows even for passing tests).
+pub(crate) fn loud(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Runs `body` as test `name` under the known-failure rules above.
+pub(crate) async fn gate(name: &str, body: impl Future<Output = ()>) {
+    let known = KNOWN_FAILING.contains(&name);
+    if !known {
+        body.await;
+        return;
+    }
+    if !faults_run() {
+        loud(&format!(
+            "KNOWN FAILURE (not run here; `make faults` runs it, docs/reliability.md explains it): {name}"
+        ));
+        return;
+    }
+    match std::panic::AssertUnwindSafe(body).catch_unwind().await {
+        Ok(()) => panic!(
+            "FIXED: {name} passes now; remove it from KNOWN_FAILING in tests/faults/known.rs"
+        ),
+        Err(payload) => {
+            loud(&format!("KNOWN FAILURE (still failing): {name}"));
+            std::panic::resume_unwind(payload);
+        }
+    }
+}
