@@ -149,7 +149,7 @@ fn chart_lints_and_renders_each_shape_with_helm_4_and_3() {
             );
 
             let objs = documents(&helm_template(helm, "attacher-hub", &[&values], &[]));
-            let kinds: BTreeSet<&str> = objs.iter().map(|o| kind(o)).collect();
+            let kinds: BTreeSet<&str> = objs.iter().map(kind).collect();
             let workload = match shape {
                 "daemonset" => "DaemonSet",
                 _ => "Deployment",
