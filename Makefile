@@ -7,11 +7,12 @@
 #   make cluster-up    start etcd + kube-apiserver (last line: admin kubeconfig path)
 #   make cluster-down  stop them
 #   make bench         Go external-attacher versus attacher-hub (report in target/bench-report.md)
+#   make image         build the container image with buildah (FROM scratch, nothing pulled)
 
 # Where the local control plane keeps its state, logs and kubeconfigs.
 CLUSTER_DIR ?= .work/cluster
 
-.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench
+.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench image
 
 demo:
 	@scripts/demo.sh --cluster-dir $(CLUSTER_DIR) $(DEMO_ARGS)
@@ -39,3 +40,6 @@ clippy:
 
 bench:
 	cargo test --release --test bench -- --ignored --nocapture
+
+image:
+	@scripts/build-image.sh $(IMAGE_ARGS)

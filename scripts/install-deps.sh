@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the checks need when they are missing, so
 # that `make test` works on a fresh machine: openssl (the control plane's
-# PKI), python3 (free ports, the demo's table), curl, util-linux (flock,
-# setsid, unshare), make, and prometheus (Prometheus and promtool for
-# tests/prometheus.rs; left out with --no-prometheus, as the demo needs
-# neither). Go and Rust must already be there.
+# PKI), python3 (free ports), curl, util-linux (flock,
+# setsid, unshare), make, prometheus (Prometheus and promtool for
+# tests/prometheus.rs and tests/alerts.rs; left out with --no-prometheus) and
+# buildah, podman and runc (the image: scripts/build-image.sh and
+# tests/image.rs; left out with --no-image). The demo needs neither.
+# Go and Rust must already be there.
 set -euo pipefail
-with_prometheus=1
-[ "${1:-}" = "--no-prometheus" ] && with_prometheus=0
+with_prometheus=1 with_image=1
+for arg in "$@"; do
+  case $arg in
+    --no-prometheus) with_prometheus=0 ;;
+    --no-image) with_image=0 ;;
+    *) echo "install-deps: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 need() { # command package
@@ -23,6 +31,14 @@ need make make
 if [ "$with_prometheus" = 1 ]; then
   need prometheus prometheus
   need promtool prometheus
+fi
+if [ "$with_image" = 1 ]; then
+  # runc, not podman's default crun, which fails on hybrid cgroup hierarchies
+  # (tests/image.rs configures podman to use runc).
+  need buildah buildah
+  need podman podman
+  need runc runc
+  need tar tar
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
