@@ -12,7 +12,7 @@
 //!   ServiceAccount token against the local API server, the shipped base RBAC
 //!   and a mock CSI driver's socket mounted at /csi: it attaches and detaches
 //!   a VolumeAttachment, answers /metrics, /healthz/leader-election and
-//!   /drivers, and exits 0 on SIGTERM as PID 1.
+//!   /drivers, and on SIGTERM as PID 1 vacates its Lease and exits 0.
 //!
 //! Missing buildah, podman or runc, or a podman that cannot run containers
 //! here, is a failure with the reason, never a skip
@@ -713,6 +713,17 @@ async fn image_built_here_runs_as_the_manifests_run_it() {
     assert!(
         log.contains("received a termination signal"),
         "the hub handled SIGTERM itself:\n{log}"
+    );
+    // ... having vacated its Lease, so the next leader need not wait it out.
+    let lease = leases.get(&lease_name).await.expect("the driver's Lease");
+    assert!(
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .is_none_or(str::is_empty),
+        "the Lease is vacated on SIGTERM: {:?}",
+        lease.spec
     );
     eprintln!(
         "container: HTTP up {:.1}s after start, attached in {:.1}s, exited {:.1}s after SIGTERM",
