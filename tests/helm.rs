@@ -14,7 +14,8 @@
 //!   and knows exactly the fields of `drivers.yaml`;
 //! * every value is documented in the chart's README, the chart's appVersion
 //!   is the crate's version, and the alert rules and dashboards are read from
-//!   the observability overlay through symbolic links, not copies.
+//!   the observability overlay through symbolic links, not copies (a packaged
+//!   chart carries them).
 
 mod support;
 
@@ -700,6 +701,45 @@ fn every_value_is_documented_and_the_chart_installs_this_version() {
 
 #[test]
 fn chart_reads_alert_rules_and_dashboards_from_the_observability_overlay() {
+    // A packaged chart carries the linked files: it renders as the directory does.
+    let cluster = Cluster::get();
+    let dir = tempfile::Builder::new()
+        .prefix("ah-helm-package-")
+        .tempdir()
+        .expect("temporary directory");
+    let (ok, out, err) = run(
+        {
+            let mut cmd = Command::new(cluster.bin("helm"));
+            cmd.arg("package").arg(chart()).arg("-d").arg(dir.path());
+            cmd
+        },
+        None,
+    );
+    assert!(ok, "helm package failed:\n{out}{err}");
+    let package = dir
+        .path()
+        .join(format!("attacher-hub-{}.tgz", env!("CARGO_PKG_VERSION")));
+    let mut cmd = Command::new(cluster.bin("helm"));
+    cmd.args(["template", "attacher-hub"])
+        .arg(&package)
+        .args(["--namespace", "attacher-hub", "-f"])
+        .arg(chart().join(values_file("hub")));
+    for s in EVERYTHING_ON {
+        cmd.args(["--set", s]);
+    }
+    let (ok, from_package, err) = run(cmd, None);
+    assert!(ok, "helm template of the package failed:\n{err}");
+    let from_dir = helm_template(
+        "helm",
+        "attacher-hub",
+        &[&values_file("hub")],
+        &EVERYTHING_ON,
+    );
+    assert_eq!(documents(&from_package), documents(&from_dir));
+    assert!(
+        from_package.contains("kind: PrometheusRule") && from_package.contains("attacher-hub.json")
+    );
+
     let observability = repo().join("deploy/overlays/observability");
     for (link, target) in [
         (

@@ -96,9 +96,9 @@ The parts of the attacher-hub container that every shape shares, placed after
 variables first), port. Called with (dict "root" $ "env" <list>).
 */}}
 {{- define "attacher-hub.containerCommon" -}}
-{{- with .root.Values.image.pullPolicy }}
+{{ with .root.Values.image.pullPolicy -}}
 imagePullPolicy: {{ . }}
-{{- end }}
+{{ end -}}
 env:
   {{- with .env }}
   {{- toYaml . | nindent 2 }}
