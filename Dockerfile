@@ -4,6 +4,10 @@
 #
 #   docker build -t attacher-hub:0.1.0 .
 #
+# Without Docker and without pulling base images, scripts/build-image.sh
+# (make image) assembles the same runtime stage with buildah FROM scratch,
+# reading USER, EXPOSE, ENTRYPOINT and the binary's path from the last stage.
+#
 # Stage 1 builds the release binary with exactly the command CI checks
 # (tests/deploy.rs compares the RUN line below with its RELEASE_BUILD
 # constant). The builder is Debian 12 (bookworm), so the glibc the binary links

@@ -9,13 +9,14 @@
 #   make bench         Go external-attacher versus attacher-hub (report in target/bench-report.md)
 #   make faults        the fault matrix and regression tests on a control plane of their own
 #                      (root for the black-hole scenarios; results in target/faults/; docs/reliability.md)
+#   make image         build the container image with buildah (FROM scratch, nothing pulled)
 
 # Where the local control plane keeps its state, logs and kubeconfigs.
 CLUSTER_DIR ?= .work/cluster
 # The fault suite's own control plane (its scenarios kill etcd and the API server).
 FAULTS_CLUSTER_DIR ?= .work/faults-cluster
 
-.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench faults
+.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench faults image
 
 demo:
 	@scripts/demo.sh --cluster-dir $(CLUSTER_DIR) $(DEMO_ARGS)
@@ -46,3 +47,6 @@ bench:
 
 faults:
 	@scripts/faults.sh $(FAULTS_CLUSTER_DIR)
+
+image:
+	@scripts/build-image.sh $(IMAGE_ARGS)

@@ -11,9 +11,9 @@
 #      (VAS per driver) with kubectl as the admin;
 #   5. starts one attacher-hub for all three (hub mode, drivers.yaml, leader
 #      election), as the least-privileged attacher identity;
-#   6. shows a table refreshed every second: per driver its state, lease
-#      holder, queue depths and attached VolumeAttachments, and the URLs of
-#      /metrics and /drivers.
+#   6. shows `attacher-hub status --watch`, refreshed every second: per driver
+#      its state, lease holder, queue depths, attached VolumeAttachments and
+#      last error; the URLs of /metrics and /drivers are printed before.
 #
 # Ctrl-C deletes the VolumeAttachments (the hub detaches them), then stops
 # everything the demo started: the hub, the drivers, and the control plane if
@@ -22,8 +22,10 @@
 #
 # Usage: scripts/demo.sh [--until-attached] [--timeout SECONDS] [--vas N]
 #                        [--keep-logs] [--cluster-dir DIR | DIR]
-#   --until-attached  non-interactive: exit 0 as soon as every VolumeAttachment
-#                     is attached (printing the final table on stdout), exit 1
+#   --until-attached  non-interactive: exit 0 as soon as every driver leads and
+#                     every VolumeAttachment is attached (printing the final
+#                     table and the URLs on stdout; `attacher-hub status
+#                     --until-attached`), exit 1
 #                     after --timeout (default 300) seconds
 #   --vas N           VolumeAttachments per driver (default 5)
 #   --cluster-dir DIR control-plane directory (default .work/cluster)
@@ -36,7 +38,7 @@ set -euo pipefail
 . "$(dirname "$0")/cluster-lib.sh"
 cd "$repo_root"
 # openssl, python3, curl, ... when missing (a fresh machine).
-"$repo_root/scripts/install-deps.sh" --no-prometheus
+"$repo_root/scripts/install-deps.sh" --no-prometheus --no-image
 
 until_attached=0 timeout=300 vas=5 nodes=3 cluster_arg= keep=0
 while [ $# -gt 0 ]; do
@@ -289,14 +291,18 @@ say "attacher-hub (pid $hub_pid) serving the three drivers; config $tmp/drivers.
 say "setup took $(since "$t_start")"
 
 # --- 6. the table ---------------------------------------------------------------------
-drivers_json=$(for n in "${driver_names[@]}"; do printf '{"name":"%s","mock":"%s"}\n' "$n" "${mock_kind[$n]}"; done \
-  | python3 -c 'import json, sys; print(json.dumps([json.loads(l) for l in sys.stdin]))')
-table=(python3 "$repo_root/scripts/demo-table.py" --hub "$hub_url" --kubectl "$kubectl"
-  --kubeconfig "$kubeconfig" --selector "$selector" --drivers "$drivers_json" --per-driver "$vas" --since "$hub_t0"
-  --title "attacher-hub demo (run $run): 3 drivers, 1 hub, $(( 3 * vas )) VolumeAttachments on $nodes nodes")
+# `attacher-hub status` reads the hub's /drivers and counts this run's
+# VolumeAttachments (selected by the run's label) per driver.
+say "metrics: $hub_url/metrics"
+say "drivers: $hub_url/drivers"
+status=("$hub_bin" status --address "$hub_url" --kubeconfig "$kubeconfig" --selector "$selector"
+  --interval 1s)
 if [ "$until_attached" = 1 ]; then
-  "${table[@]}" --until-attached --timeout "$timeout" || exit $?
+  "${status[@]}" --until-attached --wait-timeout "${timeout}s" || exit $?
+  echo "metrics:  $hub_url/metrics"
+  echo "drivers:  $hub_url/drivers"
+  say "every VolumeAttachment attached $(since "$hub_t0") after attacher-hub started"
 else
   interrupt_rc=0
-  "${table[@]}" || { rc=$?; [ "$rc" = 130 ] && exit 0; exit "$rc"; }
+  "${status[@]}" --watch || { rc=$?; [ "$rc" = 130 ] && exit 0; exit "$rc"; }
 fi

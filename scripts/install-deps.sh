@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the checks need when they are missing, so
 # that `make test` works on a fresh machine: openssl (the control plane's
-# PKI), python3 (free ports, the demo's table), curl, util-linux (flock,
-# setsid, unshare), make, and prometheus (Prometheus and promtool for
-# tests/prometheus.rs; left out with --no-prometheus, as the demo needs
-# neither), and for `make faults` iproute2 and iptables (the black-hole
-# scenarios' network namespaces and packet drops) and util-linux's prlimit.
+# PKI), python3 (free ports), curl, util-linux (flock,
+# setsid, unshare, prlimit), make, prometheus (Prometheus and promtool for
+# tests/prometheus.rs and tests/alerts.rs; left out with --no-prometheus),
+# buildah, podman and runc (the image: scripts/build-image.sh and
+# tests/image.rs; left out with --no-image), and for `make faults` iproute2
+# and iptables (the black-hole scenarios' network namespaces and packet
+# drops). The demo needs none of the optional ones.
 # Go and Rust must already be there.
 set -euo pipefail
-with_prometheus=1
-[ "${1:-}" = "--no-prometheus" ] && with_prometheus=0
+with_prometheus=1 with_image=1
+for arg in "$@"; do
+  case $arg in
+    --no-prometheus) with_prometheus=0 ;;
+    --no-image) with_image=0 ;;
+    *) echo "install-deps: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 need() { # command package
@@ -28,6 +36,14 @@ need iptables iptables
 if [ "$with_prometheus" = 1 ]; then
   need prometheus prometheus
   need promtool prometheus
+fi
+if [ "$with_image" = 1 ]; then
+  # runc, not podman's default crun, which fails on hybrid cgroup hierarchies
+  # (tests/image.rs configures podman to use runc).
+  need buildah buildah
+  need podman podman
+  need runc runc
+  need tar tar
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then

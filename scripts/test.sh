@@ -31,11 +31,14 @@ on_exit() {
 }
 trap on_exit EXIT
 
-# Debian packages the checks need (Prometheus, openssl, ...), when missing.
+# Debian packages the checks need (Prometheus, buildah/podman, openssl, ...), when missing.
 "$repo_root/scripts/install-deps.sh"
 
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy" cargo clippy --all-targets -- -D warnings
+# The release binary the image is built from (tests/image.rs), built once here
+# so that its time shows in the timings; the test's own build is then a no-op.
+phase "release build" cargo build --release --locked --bin attacher-hub
 
 cluster_healthy "$dir" || started=1
 

@@ -23,6 +23,7 @@
 //! [`config`] for `drivers.yaml`) into a running [`hub`]. [`http`] serves
 //! metrics ([`metrics`]), health, readiness and `/drivers`. [`mock`] is the
 //! project's mock CSI driver, shipped as the `mock-csi-driver` binary.
+//! [`status`] is the `attacher-hub status` subcommand, a client of `/drivers`.
 
 pub mod app;
 pub mod balance;
@@ -40,4 +41,5 @@ pub mod metrics;
 pub mod mock;
 pub mod queue;
 pub mod router;
+pub mod status;
 pub mod telemetry;

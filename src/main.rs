@@ -1,6 +1,12 @@
-//! The `attacher-hub` binary: parse arguments, set up logging, run the hub.
+//! The `attacher-hub` binary: parse arguments, set up logging, run the hub;
+//! or, with a first argument `status`, the `status` subcommand.
 
 fn main() -> std::process::ExitCode {
+    // Before the sidecar's Go-style flag parser, for which `status` would be
+    // a positional argument that ends flag parsing.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "status") {
+        return attacher_hub::status::main(std::env::args_os().skip(2));
+    }
     let (args, warnings) = attacher_hub::cli::parse_env_or_exit();
     attacher_hub::telemetry::init_with_verbosity(args.logging.format, args.logging.verbosity);
     for warning in &warnings {

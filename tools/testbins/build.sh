@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the Go test tools: kube-apiserver, kubectl, etcd, mockcsi,
-# csi-attacher, csi-sanity and translation-oracle.
+# csi-attacher, csi-sanity, translation-oracle, helm (v4) and helm3.
 #
 # Binaries are cached under $HOME/.cache/attacher-hub/testbins/<key>, where the
 # key hashes the Go version, every go.mod/go.sum, the sources of our own tools
@@ -16,7 +16,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 KUBE_VERSION=v1.36.3
 ATTACHER_VERSION=v4.12.0
 SANITY_VERSION=v5.4.0
-BINARIES="etcd mockcsi csi-attacher kube-apiserver kubectl csi-sanity translation-oracle"
+HELM_VERSION=v4.3.2
+HELM3_VERSION=v3.22.0
+BINARIES="etcd mockcsi csi-attacher kube-apiserver kubectl csi-sanity translation-oracle helm helm3"
 
 key=$( { go version
          cat "$here"/*/go.mod "$here"/*/go.sum "$here/k8s/cmd/mockcsi/main.go" \
@@ -55,6 +57,11 @@ step kube-apiserver k8s "$KLDFLAGS" k8s.io/kubernetes/cmd/kube-apiserver
 step kubectl k8s "$KLDFLAGS" k8s.io/kubernetes/cmd/kubectl
 step csi-sanity csi "-X main.VERSION=$SANITY_VERSION" github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
 step translation-oracle csi "" ./cmd/translation-oracle
+step helm helm "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" helm.sh/helm/v4/cmd/helm
+# Helm v3 takes the Kubernetes version it assumes without a cluster from ldflags (its Makefile's).
+h3=$(cd "$here/helm" && go list -f '{{.Version}}' -m k8s.io/client-go | cut -d. -f2)
+h3="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$h3 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$h3"
+step helm3 helm "-X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION $h3" helm.sh/helm/v3/cmd/helm
 
 rm -rf "$out"
 mv "$tmp" "$out"

@@ -1,0 +1,766 @@
+//! The Helm chart `deploy/helm/attacher-hub`, with Helm v4 and v3 (built from
+//! `tools/testbins/helm`):
+//!
+//! * `helm lint --strict` and `helm template` pass for each shape (sidecar,
+//!   hub, daemonset) with the chart's `ci/*-values.yaml`;
+//! * the chart and the kustomize overlays render the same objects for the same
+//!   settings (normalized: Helm's own labels and the release label dropped,
+//!   embedded YAML compared parsed), for the overlays as shipped and for
+//!   changed settings, so the two never drift;
+//! * every shape, with every option on, passes `helm install --dry-run=server`
+//!   and a server-side dry run of each rendered object against the local API
+//!   server;
+//! * `values.schema.json` refuses bad values with a message naming the key,
+//!   and knows exactly the fields of `drivers.yaml`;
+//! * every value is documented in the chart's README, the chart's appVersion
+//!   is the crate's version, and the alert rules and dashboards are read from
+//!   the observability overlay through symbolic links, not copies (a packaged
+//!   chart carries them).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+use support::Cluster;
+
+/// The chart, relative to the repository.
+const CHART: &str = "deploy/helm/attacher-hub";
+
+/// The shapes and their example values (`ci/<shape>-values.yaml`).
+const SHAPES: [&str; 3] = ["sidecar", "hub", "daemonset"];
+
+/// The Helm binaries of `tools/testbins/helm`: v4 and v3.
+const HELMS: [&str; 2] = ["helm", "helm3"];
+
+/// Labels Helm manages, which the kustomize overlays do not carry.
+const HELM_LABELS: [&str; 3] = [
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+];
+
+/// The release label, which the chart also puts into selectors (two releases
+/// must not select each other's pods).
+const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+
+/// Every option the chart has beyond the overlays' defaults, for the dry runs.
+const EVERYTHING_ON: [&str; 4] = [
+    "rbac.publishSecrets=true",
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.prometheusRule.enabled=true",
+    "metrics.dashboard.enabled=true",
+];
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart() -> PathBuf {
+    repo().join(CHART)
+}
+
+/// Runs a command; returns (success, stdout, stderr).
+fn run(mut cmd: Command, stdin: Option<&str>) -> (bool, String, String) {
+    use std::io::Write as _;
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()));
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        pipe.write_all(input.as_bytes()).expect("write stdin");
+    }
+    let out = child.wait_with_output().expect("wait for the command");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The objects of a multi-document YAML stream.
+fn documents(yaml: &str) -> Vec<Value> {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{yaml}"));
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+/// `helm template attacher-hub <chart> -n <namespace> -f <values>... --set <set>...`.
+fn helm_template(helm: &str, namespace: &str, values: &[&str], set: &[&str]) -> String {
+    let cluster = Cluster::get();
+    let mut cmd = Command::new(cluster.bin(helm));
+    cmd.args(["template", "attacher-hub"])
+        .arg(chart())
+        .args(["--namespace", namespace]);
+    for v in values {
+        cmd.arg("-f").arg(chart().join(v));
+    }
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    let (ok, out, err) = run(cmd, None);
+    assert!(
+        ok,
+        "{helm} template -n {namespace} {values:?} {set:?} failed:\n{err}"
+    );
+    out
+}
+
+/// `kubectl kustomize <dir>`.
+fn kustomize(dir: &Path) -> String {
+    let cluster = Cluster::get();
+    let mut cmd = Command::new(cluster.bin("kubectl"));
+    cmd.arg("kustomize").arg(dir);
+    let (ok, out, err) = run(cmd, None);
+    assert!(ok, "kubectl kustomize {} failed:\n{err}", dir.display());
+    out
+}
+
+fn values_file(shape: &str) -> String {
+    format!("ci/{shape}-values.yaml")
+}
+
+// === lint and template ======================================================
+
+#[test]
+fn chart_lints_and_renders_each_shape_with_helm_4_and_3() {
+    let cluster = Cluster::get();
+    for helm in HELMS {
+        for shape in SHAPES {
+            let values = values_file(shape);
+            let mut cmd = Command::new(cluster.bin(helm));
+            cmd.args(["lint", "--strict", "-f"])
+                .arg(chart().join(&values))
+                .arg(chart());
+            let (ok, out, err) = run(cmd, None);
+            assert!(ok, "{helm} lint --strict -f {values} failed:\n{out}{err}");
+            assert!(
+                out.contains("0 chart(s) failed") && !out.contains("[WARNING]"),
+                "{helm} lint -f {values}:\n{out}"
+            );
+
+            let objs = documents(&helm_template(helm, "attacher-hub", &[&values], &[]));
+            let kinds: BTreeSet<&str> = objs.iter().map(kind).collect();
+            let workload = match shape {
+                "daemonset" => "DaemonSet",
+                _ => "Deployment",
+            };
+            assert!(
+                kinds.contains(workload) && kinds.contains("ClusterRole"),
+                "{helm}, {shape}: rendered {kinds:?}"
+            );
+        }
+    }
+}
+
+// === the chart and the overlays agree ======================================
+
+fn kind(obj: &Value) -> &str {
+    obj["kind"].as_str().unwrap_or_default()
+}
+
+fn name(obj: &Value) -> &str {
+    obj["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+/// `kind namespace/name` of an object.
+fn key(obj: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        kind(obj),
+        obj["metadata"]["namespace"].as_str().unwrap_or("-"),
+        name(obj)
+    )
+}
+
+/// Removes `label` from every map in `v` (labels, selectors, affinity terms).
+fn drop_key_everywhere(v: &mut Value, label: &str) {
+    match v {
+        Value::Object(map) => {
+            map.remove(label);
+            map.values_mut()
+                .for_each(|child| drop_key_everywhere(child, label));
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|child| drop_key_everywhere(child, label)),
+        _ => {}
+    }
+}
+
+/// Collapses runs of whitespace in every `expr` (PromQL, where whitespace
+/// means nothing). kustomize re-emits a folded (`>-`) scalar whose first
+/// line is followed by more-indented lines with an extra blank line after
+/// the first; Helm and promtool read the file as written.
+fn collapse_promql_whitespace(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map.iter_mut() {
+                match child {
+                    Value::String(s) if k == "expr" => {
+                        *s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+                    }
+                    _ => collapse_promql_whitespace(child),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(collapse_promql_whitespace),
+        _ => {}
+    }
+}
+
+/// What the comparison looks at: Helm's labels and the release label
+/// dropped, embedded YAML documents (ConfigMap keys ending in .yaml) parsed,
+/// whitespace in PromQL collapsed.
+fn normalize(mut obj: Value) -> Value {
+    if kind(&obj) == "PrometheusRule" {
+        collapse_promql_whitespace(&mut obj["spec"]);
+    }
+    if let Some(labels) = obj["metadata"]["labels"].as_object_mut() {
+        for l in HELM_LABELS {
+            labels.remove(l);
+        }
+    }
+    drop_key_everywhere(&mut obj, INSTANCE_LABEL);
+    if obj["metadata"]["labels"]
+        .as_object()
+        .is_some_and(|l| l.is_empty())
+        && let Some(meta) = obj["metadata"].as_object_mut()
+    {
+        meta.remove("labels");
+    }
+    if kind(&obj) == "ConfigMap"
+        && let Some(data) = obj["data"].as_object_mut()
+    {
+        for (k, v) in data.iter_mut() {
+            if k.ends_with(".yaml")
+                && let Some(text) = v.as_str()
+            {
+                let parsed: Value = serde_saphyr::from_str(text)
+                    .unwrap_or_else(|e| panic!("ConfigMap key {k} is not YAML: {e}"));
+                *v = json!({ "parsed YAML": parsed });
+            }
+        }
+    }
+    obj
+}
+
+/// Paths at which `a` and `b` differ (at most a few dozen).
+fn differences(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    if out.len() > 40 {
+        return;
+    }
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let p = format!("{path}.{k}");
+                match (x.get(k), y.get(k)) {
+                    (Some(va), Some(vb)) => differences(&p, va, vb, out),
+                    (Some(va), None) => out.push(format!("{p}: only in the chart: {va}")),
+                    (None, Some(vb)) => out.push(format!("{p}: only in kustomize: {vb}")),
+                    (None, None) => {}
+                }
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (va, vb)) in x.iter().zip(y).enumerate() {
+                differences(&format!("{path}[{i}]"), va, vb, out);
+            }
+        }
+        _ if a != b => out.push(format!("{path}: chart {a} != kustomize {b}")),
+        _ => {}
+    }
+}
+
+/// Compares two renderings object by object; panics listing every difference.
+fn assert_same_objects(what: &str, chart: &str, kustomize: &str) {
+    let index = |yaml: &str| -> BTreeMap<String, Value> {
+        let mut map = BTreeMap::new();
+        for obj in documents(yaml) {
+            let k = key(&obj);
+            assert!(
+                map.insert(k.clone(), normalize(obj)).is_none(),
+                "{what}: {k} rendered twice"
+            );
+        }
+        map
+    };
+    let (from_chart, from_kustomize) = (index(chart), index(kustomize));
+    let mut report = Vec::new();
+    for k in from_chart
+        .keys()
+        .filter(|k| !from_kustomize.contains_key(*k))
+    {
+        report.push(format!("{k}: rendered by the chart only"));
+    }
+    for k in from_kustomize
+        .keys()
+        .filter(|k| !from_chart.contains_key(*k))
+    {
+        report.push(format!("{k}: rendered by kustomize only"));
+    }
+    for (k, a) in &from_chart {
+        if let Some(b) = from_kustomize.get(k) {
+            let mut diffs = Vec::new();
+            differences("", a, b, &mut diffs);
+            report.extend(diffs.into_iter().map(|d| format!("{k}: {d}")));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "{what}: the chart and the kustomize overlays differ:\n  {}",
+        report.join("\n  ")
+    );
+    assert!(!from_chart.is_empty(), "{what}: nothing rendered");
+}
+
+/// Copies `deploy/{base,components,overlays}` (following symbolic links) into
+/// a fresh directory, where a comparison can add overlays and change settings.
+fn deploy_copy() -> tempfile::TempDir {
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).expect("create directory");
+        for entry in std::fs::read_dir(from).expect("read directory") {
+            let path = entry.expect("directory entry").path();
+            let target = to.join(path.file_name().expect("file name"));
+            if path.is_dir() {
+                copy_dir(&path, &target);
+            } else {
+                std::fs::copy(&path, &target).expect("copy file");
+            }
+        }
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("ah-helm-kustomize-")
+        .tempdir()
+        .expect("temporary directory");
+    for part in ["base", "components", "overlays"] {
+        copy_dir(
+            &repo().join("deploy").join(part),
+            &tmp.path().join("deploy").join(part),
+        );
+    }
+    tmp
+}
+
+/// Replaces `from` with `to` in a file of the copy; the text must be there,
+/// so a changed overlay fails the test instead of being compared unchanged.
+fn edit(file: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(file).expect("read file");
+    assert!(
+        text.contains(from),
+        "{} no longer contains {from:?}; update tests/helm.rs",
+        file.display()
+    );
+    std::fs::write(file, text.replace(from, to)).expect("write file");
+}
+
+#[test]
+fn chart_and_kustomize_overlays_render_the_same_objects() {
+    // The overlays as shipped, and the chart's examples of the same settings.
+    for (shape, namespace) in [
+        ("sidecar", "example-csi"),
+        ("hub", "attacher-hub"),
+        ("daemonset", "attacher-hub"),
+    ] {
+        let chart = helm_template("helm", namespace, &[&values_file(shape)], &[]);
+        let overlay = kustomize(&repo().join("deploy/overlays").join(shape));
+        assert_same_objects(shape, &chart, &overlay);
+    }
+
+    let copy = deploy_copy();
+    let overlays = copy.path().join("deploy/overlays");
+
+    // Hub with every option: publish-secrets component and observability.
+    let everything = overlays.join("hub-everything");
+    std::fs::create_dir_all(&everything).expect("create overlay");
+    std::fs::write(
+        everything.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+         namespace: attacher-hub\nresources: [../hub, ../observability]\n\
+         components: [../../components/publish-secrets]\n",
+    )
+    .expect("write kustomization");
+    let chart = helm_template(
+        "helm",
+        "attacher-hub",
+        &[&values_file("hub")],
+        &EVERYTHING_ON,
+    );
+    assert_same_objects(
+        "hub + publish-secrets + observability",
+        &chart,
+        &kustomize(&everything),
+    );
+
+    // The daemonset with other settings: another plugins directory (k0s),
+    // node pool, image tag and namespace.
+    let ds = overlays.join("daemonset");
+    edit(
+        &ds.join("node-settings.yaml"),
+        "kubeletPluginsDir: /var/lib/kubelet/plugins",
+        "kubeletPluginsDir: /var/lib/k0s/kubelet/plugins",
+    );
+    edit(
+        &ds.join("node-settings.yaml"),
+        "nodePool: storage",
+        "nodePool: gpu",
+    );
+    edit(
+        &ds.join("kustomization.yaml"),
+        "newTag: 0.1.0",
+        "newTag: 0.2.0",
+    );
+    edit(
+        &ds.join("kustomization.yaml"),
+        "namespace: attacher-hub",
+        "namespace: storage-system",
+    );
+    let chart = helm_template(
+        "helm",
+        "storage-system",
+        &[&values_file("daemonset")],
+        &[
+            "daemonset.kubeletPluginsDir=/var/lib/k0s/kubelet/plugins",
+            r"daemonset.nodeSelector.attacher-hub\.example\.com/pool=gpu",
+            "image.tag=0.2.0",
+        ],
+    );
+    assert_same_objects("daemonset on k0s", &chart, &kustomize(&ds));
+
+    // The same comparison with Helm v3 for one shape: both render alike.
+    let v3 = helm_template(
+        "helm3",
+        "attacher-hub",
+        &[&values_file("hub")],
+        &EVERYTHING_ON,
+    );
+    assert_same_objects("hub with Helm v3", &v3, &kustomize(&everything));
+}
+
+// === server-side dry run ====================================================
+
+fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    let cluster = Cluster::get();
+    let mut cmd = Command::new(cluster.bin("kubectl"));
+    cmd.arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+        .args(args);
+    let (ok, out, err) = run(cmd, stdin);
+    (ok, format!("{out}{err}"))
+}
+
+#[test]
+fn every_shape_passes_a_server_side_dry_run() {
+    let cluster = Cluster::get();
+    // The Prometheus Operator kinds, from the test-only CRDs (as tests/deploy.rs).
+    let crds = repo().join("tests/deploy/monitoring-crds.yaml");
+    let (ok, out) = kubectl(
+        &["apply", "--server-side", "-f", &crds.to_string_lossy()],
+        None,
+    );
+    assert!(ok, "applying the test CRDs: {out}");
+    let (ok, out) = kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ],
+        None,
+    );
+    assert!(ok, "test CRDs not established: {out}");
+
+    let namespace = format!("ah-helm-{}", std::process::id());
+    let (ok, out) = kubectl(&["create", "namespace", &namespace], None);
+    assert!(ok, "creating namespace {namespace}: {out}");
+
+    for shape in SHAPES {
+        let values = values_file(shape);
+        // Helm's own server dry run: the chart installs on this API server
+        // (kubeVersion, release bookkeeping). It does not validate objects...
+        for helm in HELMS {
+            let mut cmd = Command::new(cluster.bin(helm));
+            cmd.args(["install", "attacher-hub"])
+                .arg(chart())
+                .args(["--namespace", &namespace, "--dry-run=server", "-f"])
+                .arg(chart().join(&values))
+                .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()));
+            for s in EVERYTHING_ON {
+                cmd.args(["--set", s]);
+            }
+            let (ok, out, err) = run(cmd, None);
+            assert!(
+                ok && out.contains("STATUS: pending-install"),
+                "{helm} install --dry-run=server, {shape}:\n{out}{err}"
+            );
+        }
+        // ... so every rendered object also goes through the API server's
+        // validation and admission as a dry-run apply.
+        let yaml = helm_template("helm", &namespace, &[&values], &EVERYTHING_ON);
+        let objs = documents(&yaml);
+        let (ok, out) = kubectl(
+            &["apply", "--dry-run=server", "-o", "name", "-f", "-"],
+            Some(&yaml),
+        );
+        assert!(
+            ok,
+            "server-side dry run of the {shape} shape failed:\n{out}"
+        );
+        let accepted = out.lines().filter(|l| !l.trim().is_empty()).count();
+        assert_eq!(
+            accepted,
+            objs.len(),
+            "{shape}: the API server accepted {accepted} of {} objects:\n{out}",
+            objs.len()
+        );
+    }
+    let (ok, out) = kubectl(&["delete", "namespace", &namespace, "--wait=false"], None);
+    assert!(ok, "deleting namespace {namespace}: {out}");
+}
+
+// === values validation ======================================================
+
+#[test]
+fn values_schema_refuses_bad_values_naming_the_key() {
+    let cluster = Cluster::get();
+    // (values file, --set, text the error must contain)
+    let cases: [(&str, &[&str], &str); 9] = [
+        ("hub", &["mode=hubb"], "/mode"),
+        ("hub", &["hub.replica=3"], "replica"),
+        ("hub", &["hub.replicas=-1"], "/hub/replicas"),
+        (
+            "hub",
+            &["hub.drivers[0].address=csi.sock"],
+            "/hub/drivers/0/address",
+        ),
+        ("hub", &["hub.drivers[1].workers=4"], "workers"),
+        (
+            "hub",
+            &["hub.drivers[0].timeout=15"],
+            "/hub/drivers/0/timeout",
+        ),
+        (
+            "daemonset",
+            &["daemonset.kubeletPluginsDir=plugins"],
+            "kubeletPluginsDir",
+        ),
+        ("sidecar", &["image.digest=latest"], "/image/digest"),
+        (
+            "sidecar",
+            &["metrics.serviceMonitor.interval=30"],
+            "interval",
+        ),
+    ];
+    for helm in HELMS {
+        for (shape, set, needle) in cases {
+            let mut cmd = Command::new(cluster.bin(helm));
+            cmd.args(["template", "attacher-hub"])
+                .arg(chart())
+                .arg("-f")
+                .arg(chart().join(values_file(shape)));
+            for s in set {
+                cmd.args(["--set", s]);
+            }
+            let (ok, out, err) = run(cmd, None);
+            assert!(!ok, "{helm}: {shape} with {set:?} was accepted:\n{out}");
+            assert!(
+                err.contains("schema") && err.contains(needle),
+                "{helm}: {shape} with {set:?}: the error does not name {needle}:\n{err}"
+            );
+        }
+        // The default values name no drivers: the hub shape needs one.
+        let mut cmd = Command::new(cluster.bin(helm));
+        cmd.args(["template", "attacher-hub"]).arg(chart());
+        let (ok, _, err) = run(cmd, None);
+        assert!(
+            !ok && err.contains("/hub/drivers"),
+            "{helm}: the defaults (hub, no drivers) must be refused naming hub.drivers:\n{err}"
+        );
+    }
+}
+
+/// The property names of a schema object.
+fn property_names(schema: &Value) -> BTreeSet<String> {
+    schema["properties"]
+        .as_object()
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn values_schema_knows_exactly_the_fields_of_drivers_yaml() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart().join("values.schema.json")).expect("read schema"),
+    )
+    .expect("values.schema.json is JSON");
+    let entry = &schema["properties"]["hub"]["properties"]["drivers"]["items"];
+    // drivers.example.yaml writes out every field in its first entry.
+    let example: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo().join("drivers.example.yaml")).expect("read example"),
+    )
+    .expect("drivers.example.yaml is YAML");
+    let first = &example["drivers"][0];
+    let fields: BTreeSet<String> = first
+        .as_object()
+        .expect("a driver entry")
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(property_names(entry), fields, "driver entry fields");
+    let leader = entry["properties"]["leaderElection"]["oneOf"]
+        .as_array()
+        .and_then(|alts| alts.iter().find(|a| a["type"] == "object"))
+        .expect("leaderElection as an object");
+    let leader_fields: BTreeSet<String> = first["leaderElection"]
+        .as_object()
+        .expect("leaderElection settings")
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(
+        property_names(leader),
+        leader_fields,
+        "leaderElection fields"
+    );
+    assert_eq!(entry["required"], json!(["address"]));
+    assert_eq!(entry["additionalProperties"], false);
+}
+
+// === documentation, version and shared files ==================================
+
+/// Dotted paths of the leaves of `v` (an empty map or list is a leaf).
+fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, child) in map {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaves(&p, child, out);
+            }
+        }
+        _ => out.push(prefix.to_string()),
+    }
+}
+
+#[test]
+fn every_value_is_documented_and_the_chart_installs_this_version() {
+    let values: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart().join("values.yaml")).expect("read values.yaml"),
+    )
+    .expect("values.yaml is YAML");
+    let readme = std::fs::read_to_string(chart().join("README.md")).expect("read README.md");
+    let mut paths = Vec::new();
+    leaves("", &values, &mut paths);
+    // The leaves below a map-valued default are that map's own entries.
+    let undocumented: Vec<&String> = paths
+        .iter()
+        .filter(|p| !p.starts_with("daemonset.nodeSelector.") && !p.contains("resources."))
+        .filter(|p| !p.starts_with("metrics.dashboard.labels."))
+        .filter(|p| !readme.contains(&format!("`{p}`")))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "values missing from the README's table: {undocumented:?}"
+    );
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart().join("values.schema.json")).expect("read schema"),
+    )
+    .expect("values.schema.json is JSON");
+    for p in &paths {
+        let mut node = &schema;
+        for part in p.split('.') {
+            // A free-form map (labels, resource quantities) holds any key.
+            if node["properties"].is_null() && node["type"] == "object" {
+                break;
+            }
+            node = &node["properties"][part];
+            assert!(!node.is_null(), "value {p} is not in values.schema.json");
+        }
+    }
+
+    let chart_yaml: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart().join("Chart.yaml")).expect("read Chart.yaml"),
+    )
+    .expect("Chart.yaml is YAML");
+    assert_eq!(chart_yaml["appVersion"], env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn chart_reads_alert_rules_and_dashboards_from_the_observability_overlay() {
+    // A packaged chart carries the linked files: it renders as the directory does.
+    let cluster = Cluster::get();
+    let dir = tempfile::Builder::new()
+        .prefix("ah-helm-package-")
+        .tempdir()
+        .expect("temporary directory");
+    let (ok, out, err) = run(
+        {
+            let mut cmd = Command::new(cluster.bin("helm"));
+            cmd.arg("package").arg(chart()).arg("-d").arg(dir.path());
+            cmd
+        },
+        None,
+    );
+    assert!(ok, "helm package failed:\n{out}{err}");
+    let package = dir
+        .path()
+        .join(format!("attacher-hub-{}.tgz", env!("CARGO_PKG_VERSION")));
+    let mut cmd = Command::new(cluster.bin("helm"));
+    cmd.args(["template", "attacher-hub"])
+        .arg(&package)
+        .args(["--namespace", "attacher-hub", "-f"])
+        .arg(chart().join(values_file("hub")));
+    for s in EVERYTHING_ON {
+        cmd.args(["--set", s]);
+    }
+    let (ok, from_package, err) = run(cmd, None);
+    assert!(ok, "helm template of the package failed:\n{err}");
+    let from_dir = helm_template(
+        "helm",
+        "attacher-hub",
+        &[&values_file("hub")],
+        &EVERYTHING_ON,
+    );
+    assert_eq!(documents(&from_package), documents(&from_dir));
+    assert!(
+        from_package.contains("kind: PrometheusRule") && from_package.contains("attacher-hub.json")
+    );
+
+    let observability = repo().join("deploy/overlays/observability");
+    for (link, target) in [
+        (
+            "files/prometheusrule.yaml",
+            observability.join("prometheusrule.yaml"),
+        ),
+        ("files/dashboards", observability.join("dashboards")),
+    ] {
+        let path = chart().join(link);
+        let meta =
+            std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            meta.file_type().is_symlink(),
+            "{} must be a symbolic link to {} (one copy of the rules and dashboards)",
+            path.display(),
+            target.display()
+        );
+        assert_eq!(
+            std::fs::canonicalize(&path).expect("resolve link"),
+            std::fs::canonicalize(&target).expect("resolve target"),
+            "{link}"
+        );
+    }
+}
