@@ -37,5 +37,6 @@ fmt:
 clippy:
 	cargo clippy --all-targets -- -D warnings
 
+# Sizes and repeats: BENCH_* variables (tests/bench.rs); runs on a fresh control plane of its own.
 bench:
-	cargo test --release --test bench -- --ignored --nocapture
+	@tests/bench/run.sh
