@@ -6,7 +6,7 @@
 #   make testbins      build or reuse the Go test tools (last line: their directory)
 #   make cluster-up    start etcd + kube-apiserver (last line: admin kubeconfig path)
 #   make cluster-down  stop them
-#   make bench         Go external-attacher versus attacher-hub (report in target/bench-report.md)
+#   make bench         one attacher-hub against a fleet of Go external-attachers (report in target/bench-report.md)
 
 # Where the local control plane keeps its state, logs and kubeconfigs.
 CLUSTER_DIR ?= .work/cluster

@@ -43,6 +43,9 @@ use support::Cluster;
 /// best of these levels counts (too few leave cores idle, too many contend).
 const RAW_CONCURRENCY: &[usize] = &[8, 32, 128];
 
+/// A run's time beyond its phases' limits: set-up, warm-up, clean-up.
+const RUN_OVERHEAD: Duration = Duration::from_secs(600);
+
 /// Benchmark sizes and switches, from `BENCH_*` environment variables.
 #[derive(Clone, Debug)]
 struct Knobs {
@@ -430,7 +433,20 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
                 }
                 for c in order {
                     let t = Instant::now();
-                    let sample = scenario::run(cluster, c, &config.spec).await;
+                    // Each phase has its own limit; this one catches a run stuck on a
+                    // control plane that died (its processes are killed on drop).
+                    let limit = knobs.timeout * 3 + RUN_OVERHEAD;
+                    let sample = tokio::time::timeout(limit, scenario::run(cluster, c, &config.spec))
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!(
+                                "config {} run {} ({c:?}) did not finish within {limit:?}: is the control plane \
+                                 still up? (logs next to {})",
+                                config.id,
+                                rep + 1,
+                                cluster.kubeconfig.display()
+                            )
+                        });
                     eprintln!(
                         "bench: {} run {}/{} ({:.0} s) {}",
                         config.id,
