@@ -391,6 +391,15 @@ pub(crate) fn checks(results: &[ConfigResult], ctx: &Context) -> Vec<Check> {
     out
 }
 
+/// Flags as inline code, or a dash when there are none.
+fn code(flags: &[String]) -> String {
+    if flags.is_empty() {
+        "—".into()
+    } else {
+        format!("`{}`", flags.join(" "))
+    }
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("—".into(), |x| format!("{x:.digits$}"))
 }
@@ -481,11 +490,11 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
         };
         let _ = writeln!(
             md,
-            "| **{}** {} | `{}` | `{}` | {}{} |",
+            "| **{}** {} | {} | {} | {}{} |",
             r.id,
             r.title,
-            r.spec.flags.join(" "),
-            r.spec.hub_flags.join(" "),
+            code(&r.spec.flags),
+            code(&r.spec.hub_flags),
             workload,
             r.not_run
                 .as_ref()
