@@ -6,7 +6,7 @@
 #   make testbins      build or reuse the Go test tools (last line: their directory)
 #   make cluster-up    start etcd + kube-apiserver (last line: admin kubeconfig path)
 #   make cluster-down  stop them
-#   make bench         Go external-attacher versus attacher-hub (report in target/bench-report.md)
+#   make bench         one attacher-hub against a fleet of Go external-attachers (report in target/bench-report.md)
 #   make faults        the fault matrix and regression tests on a control plane of their own
 #                      (root for the black-hole scenarios; results in target/faults/; docs/reliability.md)
 #   make image         build the container image with buildah (FROM scratch, nothing pulled)
@@ -42,8 +42,9 @@ fmt:
 clippy:
 	cargo clippy --all-targets -- -D warnings
 
+# Sizes and repeats: BENCH_* variables (tests/bench.rs); runs on a fresh control plane of its own.
 bench:
-	cargo test --release --test bench -- --ignored --nocapture
+	@tests/bench/run.sh
 
 faults:
 	@scripts/faults.sh $(FAULTS_CLUSTER_DIR)

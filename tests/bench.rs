@@ -1,462 +1,617 @@
-//! Benchmark: attacher-hub against the reference Go external-attacher, in one
-//! run, on the same control plane, driver and settings.
+//! Benchmark: N drivers served by one attacher-hub against the same N drivers
+//! served by N Go external-attacher v4.12.0 sidecars (the fleet it replaces).
 //!
-//! Not part of `cargo test` (ignored); run it with `make bench`, which builds
-//! in release mode and prints a Markdown report (also written to
-//! `target/bench-report.md`). The two attachers run one after the other,
-//! never at the same time, because the API server, etcd and the driver share
-//! the machine's cores with them.
+//! Not part of `cargo test` (ignored); `make bench` builds it in release mode,
+//! starts a fresh control plane (`tests/bench/run.sh`), runs it and prints a
+//! Markdown report, also written to `target/bench-report.md`. Both
+//! contenders get the same flags, the same Rust mock driver (one process per
+//! driver socket) and the same control plane; they run one after the other
+//! (never together: the API server, etcd, the mocks and the contender share
+//! the machine's cores), interleaved, and the report gives medians.
 //!
-//! Measured per attacher:
-//! * throughput: `BENCH_VAS` VolumeAttachments (default 300) created at once
-//!   on a warm attacher; seconds until all are attached, then seconds until
-//!   all are deleted (detached, finalizer removed);
-//! * CPU seconds the attacher process used during that window, and its peak
-//!   RSS (VmHWM);
-//! * API writes (PATCH requests counted by the API server);
-//! * memory for many drivers: `BENCH_DRIVERS` (default 5) drivers with a
-//!   cache of `BENCH_CACHE` (default 1000) extra VAs and PVs: five Go
-//!   sidecars (five processes) against one hub serving all five.
+//! Configurations (see `docs/benchmarks.md` for the thresholds):
+//! * a: the seed manifest's flags unchanged (QPS 5, burst 10), 10 × 20 VAs;
+//! * b: QPS 100 / burst 200, 10 × 100 VAs;
+//! * c: no client-side limit (`--kube-api-qps=-1`, which client-go reads as
+//!   "no rate limiter"), 10 × 100 VAs;
+//! * d: noisy neighbour at QPS 5 / 10: one driver gets 500 VAs at once, the
+//!   nine others 5 each a second later; the quiet drivers' latency counts;
+//! * e1, e2 (hub only): d with a process-wide cap equal to the fleet's total,
+//!   and with a cap that binds;
+//! * f: idle memory and watches with 5,000 extra VAs and PVs in the cluster.
+//!
+//! Sizes and repeats come from the environment (`BENCH_*`, listed in
+//! [`Knobs::from_env`]); `BENCH_CAP=0` skips e1 and e2.
 
+mod hub;
 mod support;
 
-use std::{
-    collections::BTreeMap,
-    path::Path,
-    time::{Duration, Instant},
-};
+#[path = "bench/report.rs"]
+mod report;
+#[path = "bench/scenario.rs"]
+mod scenario;
 
-use futures::{StreamExt, stream};
-use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
-use kube::{
-    Api, Client,
-    api::{DeleteParams, ListParams, PostParams},
-};
-use support::{Cluster, MockCsi, MockCsiOptions, PvBuilder};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-const CONCURRENCY: usize = 32;
-const QPS: &[&str] = &["--kube-api-qps=100", "--kube-api-burst=200"];
+use report::{ConfigResult, Context};
+use scenario::{Contender, RunSpec, Workload};
+use support::Cluster;
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Requests in flight while measuring the API server's raw write rate: the
+/// best of these levels counts (too few leave cores idle, too many contend).
+const RAW_CONCURRENCY: &[usize] = &[8, 32, 128];
+
+/// A run's time beyond its phases' limits: set-up, warm-up, clean-up.
+const RUN_OVERHEAD: Duration = Duration::from_secs(600);
+
+/// Benchmark sizes and switches, from `BENCH_*` environment variables.
+#[derive(Clone, Debug)]
+struct Knobs {
+    /// `BENCH_CONFIGS`: comma-separated configuration IDs to run (default all).
+    configs: Vec<String>,
+    /// `BENCH_REPEATS`: runs per contender and configuration (3).
+    repeats: usize,
+    /// `BENCH_DRIVERS`: drivers (10).
+    drivers: usize,
+    /// `BENCH_A_VAS`: VAs per driver in a (20).
+    a_vas: usize,
+    /// `BENCH_B_VAS`: VAs per driver in b and c (100).
+    b_vas: usize,
+    /// `BENCH_NOISY_VAS`: VAs of the noisy driver (500).
+    noisy_vas: usize,
+    /// `BENCH_QUIET_VAS`: VAs of each quiet driver (5).
+    quiet_vas: usize,
+    /// `BENCH_NOISY_DELAY_MS`: quiet VAs come this long after the noisy ones (1000).
+    noisy_delay: Duration,
+    /// `BENCH_IDLE_EXTRA`: extra VAs and PVs in the cluster for f (5000).
+    idle_extra: usize,
+    /// `BENCH_CAP`: 0 skips the configurations with a process-wide cap (1).
+    cap: bool,
+    /// `BENCH_TIGHT_QPS` / `BENCH_TIGHT_BURST`: the cap of e2 (10 / 20).
+    tight_cap: (f64, u32),
+    /// `BENCH_RAW_SECONDS`: how long the raw write rate is measured (10).
+    raw_seconds: f64,
+    /// `BENCH_SETTLE_SECS`: pause after the warm-up (3); f uses `BENCH_IDLE_SETTLE_SECS` (8).
+    settle: Duration,
+    /// See `settle`.
+    idle_settle: Duration,
+    /// `BENCH_IDLE_WINDOW_SECS`: f counts the idle API requests this long (10).
+    idle_window: Duration,
+    /// `BENCH_TIMEOUT_SECS`: limit of each attach or detach phase (600).
+    timeout: Duration,
+    /// `BENCH_STRICT=1`: fail the test when a check fails.
+    strict: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Impl {
-    Go,
-    Hub,
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
+        Err(_) => default,
+    }
 }
 
-impl Impl {
-    fn label(self) -> &'static str {
-        match self {
-            Impl::Go => "external-attacher v4.12.0 (Go)",
-            Impl::Hub => "attacher-hub",
+impl Knobs {
+    fn from_env() -> Knobs {
+        let configs: String = env_or("BENCH_CONFIGS", "a,b,c,d,e1,e2,f".to_string());
+        Knobs {
+            configs: configs
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            repeats: env_or("BENCH_REPEATS", 3usize).max(1),
+            drivers: env_or("BENCH_DRIVERS", 10usize).max(2),
+            a_vas: env_or("BENCH_A_VAS", 20),
+            b_vas: env_or("BENCH_B_VAS", 100),
+            noisy_vas: env_or("BENCH_NOISY_VAS", 500),
+            quiet_vas: env_or("BENCH_QUIET_VAS", 5),
+            noisy_delay: Duration::from_millis(env_or("BENCH_NOISY_DELAY_MS", 1000)),
+            idle_extra: env_or("BENCH_IDLE_EXTRA", 5000),
+            cap: env_or("BENCH_CAP", 1u8) != 0,
+            tight_cap: (
+                env_or("BENCH_TIGHT_QPS", 10.0),
+                env_or("BENCH_TIGHT_BURST", 20),
+            ),
+            raw_seconds: env_or("BENCH_RAW_SECONDS", 10.0),
+            settle: Duration::from_secs_f64(env_or("BENCH_SETTLE_SECS", 3.0)),
+            idle_settle: Duration::from_secs_f64(env_or("BENCH_IDLE_SETTLE_SECS", 8.0)),
+            idle_window: Duration::from_secs_f64(env_or("BENCH_IDLE_WINDOW_SECS", 10.0)),
+            timeout: Duration::from_secs(env_or("BENCH_TIMEOUT_SECS", 600)),
+            strict: env_or("BENCH_STRICT", 0u8) != 0,
         }
     }
 }
 
-/// CPU seconds (user + system) of a process.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
+/// The seed manifest's flags: leader election on, a short first retry, the
+/// default client-side budget (QPS 5, burst 10).
+fn seed_flags() -> Vec<String> {
+    vec![
+        "--leader-election=true".into(),
+        "--retry-interval-start=500ms".into(),
+    ]
+}
+
+fn with(mut flags: Vec<String>, more: &[String]) -> Vec<String> {
+    flags.extend_from_slice(more);
+    flags
+}
+
+/// One configuration to run.
+struct Config {
+    id: &'static str,
+    title: String,
+    spec: RunSpec,
+    contenders: Vec<Contender>,
+    /// Extra VAs and PVs in the cluster while it runs.
+    extra: usize,
+    /// Set when it cannot run here.
+    not_run: Option<String>,
+}
+
+fn configs(k: &Knobs, hub_has_cap: bool) -> Vec<Config> {
+    let n = k.drivers;
+    let spec = |id: &str, flags: Vec<String>, hub_flags: Vec<String>, workload| RunSpec {
+        id: id.to_string(),
+        drivers: n,
+        flags,
+        hub_flags,
+        workload,
+        settle: k.settle,
+        timeout: k.timeout,
     };
-    // utime and stime are fields 14 and 15 (1-based), i.e. 11 and 12 here.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// A `/proc/<pid>/status` value in MiB (`VmHWM`, `VmRSS`).
-fn status_mib(pid: u32, key: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
-/// Requests the API server has served, by verb.
-async fn api_requests(client: &Client) -> BTreeMap<String, f64> {
-    let text = client
-        .request_text(http::Request::get("/metrics").body(vec![]).unwrap())
-        .await
-        .expect("apiserver metrics");
-    let mut by_verb = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let Some(verb) = line
-            .split("verb=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-        else {
-            continue;
-        };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *by_verb.entry(verb.to_string()).or_insert(0.0) += value;
-    }
-    by_verb
-}
-
-fn start_attacher(cluster: &Cluster, which: Impl, socket: &Path) -> support::ChildProcess {
-    match which {
-        Impl::Go => {
-            let mut args = QPS.to_vec();
-            args.extend(["--worker-threads=10", "--v=2"]);
-            support::start_reference_attacher(cluster, socket, &args)
-        }
-        Impl::Hub => {
-            let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_attacher-hub"));
-            cmd.arg(format!(
-                "--kubeconfig={}",
-                cluster.attacher_kubeconfig.display()
-            ))
-            .arg(format!("--csi-address={}", socket.display()))
-            .args(QPS)
-            .args(["--worker-threads=10", "--timeout=15s", "-v=2"]);
-            support::ChildProcess::spawn("attacher-hub", cmd)
-        }
-    }
-}
-
-fn bench_va(name: &str, driver: &str, node: &str, pv: &str, run: &str) -> VolumeAttachment {
-    let mut va = support::va(name, driver, node, pv);
-    va.metadata.labels = Some(BTreeMap::from([("bench-run".to_string(), run.to_string())]));
-    va
-}
-
-async fn count(api: &Api<VolumeAttachment>, run: &str) -> (usize, usize) {
-    let list = api
-        .list(&ListParams::default().labels(&format!("bench-run={run}")))
-        .await
-        .expect("list VAs");
-    let attached = list
-        .items
-        .iter()
-        .filter(|v| v.status.as_ref().is_some_and(|s| s.attached))
-        .count();
-    (list.items.len(), attached)
-}
-
-async fn wait_until(
-    api: &Api<VolumeAttachment>,
-    run: &str,
-    what: &str,
-    limit: Duration,
-    done: impl Fn(usize, usize) -> bool,
-) -> Duration {
-    let start = Instant::now();
-    loop {
-        let (total, attached) = count(api, run).await;
-        if done(total, attached) {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{what}: not done after {limit:?} ({attached}/{total} attached)"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-struct Throughput {
-    attach: Duration,
-    detach: Duration,
-    cpu: f64,
-    peak_rss: f64,
-    patches: f64,
-    gets: f64,
-    publishes: usize,
-}
-
-async fn throughput(cluster: &Cluster, which: Impl, n: usize) -> Throughput {
-    let client = cluster.client().await;
-    let driver = support::unique_driver_name("bench");
-    let run = support::unique_name("run");
-    let mut mock = MockCsi::start(
-        cluster,
-        &driver,
-        MockCsiOptions {
-            volumes: n + 1,
-            ..MockCsiOptions::default()
+    let noisy = Workload::Noisy {
+        noisy: k.noisy_vas,
+        quiet: k.quiet_vas,
+        delay: k.noisy_delay,
+    };
+    let both = vec![Contender::Fleet, Contender::Hub];
+    // The fleet's total budget: N sidecars at the default 5 QPS / burst 10.
+    let fleet_cap = vec![
+        format!("--hub-kube-api-qps={}", 5 * n),
+        format!("--hub-kube-api-burst={}", 10 * n),
+    ];
+    let tight_cap = vec![
+        format!("--hub-kube-api-qps={}", k.tight_cap.0),
+        format!("--hub-kube-api-burst={}", k.tight_cap.1),
+    ];
+    let cap_not_run = if !k.cap {
+        Some("BENCH_CAP=0".to_string())
+    } else if !hub_has_cap {
+        Some(
+            "this attacher-hub has no --hub-kube-api-qps (per-driver budgets not merged yet)"
+                .into(),
+        )
+    } else {
+        None
+    };
+    let raised = [
+        "--kube-api-qps=100".to_string(),
+        "--kube-api-burst=200".to_string(),
+    ];
+    // client-go (rest.Config): a negative QPS means no rate limiter; the hub reads any QPS <= 0 so.
+    let unlimited = ["--kube-api-qps=-1".to_string()];
+    let mut out = vec![
+        Config {
+            id: "a",
+            title: "seed flags (QPS 5 / burst 10)".into(),
+            spec: spec(
+                "a",
+                seed_flags(),
+                vec![],
+                Workload::Uniform {
+                    per_driver: k.a_vas,
+                },
+            ),
+            contenders: both.clone(),
+            extra: 0,
+            not_run: None,
         },
-    )
-    .await;
-    let node = support::unique_name("bench-node");
-    support::create_node(&client, &node).await;
-    support::create_csinode(&client, &node, &driver, mock.node_id()).await;
-    let pvs: Vec<String> = (0..=n).map(|i| format!("{run}-pv-{i}")).collect();
-    stream::iter(pvs.iter().zip(&mock.volumes))
-        .for_each_concurrent(CONCURRENCY, |(pv, handle)| {
-            let client = client.clone();
-            let driver = driver.clone();
-            async move {
-                PvBuilder::new(pv, &driver, handle).create(&client).await;
-            }
-        })
-        .await;
-
-    let mut attacher = start_attacher(cluster, which, mock.socket());
-    let pid = attacher.id().expect("attacher pid");
-    let vas: Api<VolumeAttachment> = Api::all(client.clone());
-    // Warm-up: one VA, so that start-up is not measured.
-    vas.create(
-        &PostParams::default(),
-        &bench_va(
-            &format!("{run}-warm"),
-            &driver,
-            &node,
-            &pvs[n],
-            &format!("{run}-warm"),
-        ),
-    )
-    .await
-    .unwrap();
-    wait_until(
-        &vas,
-        &format!("{run}-warm"),
-        "warm-up",
-        Duration::from_secs(120),
-        |t, a| t == 1 && a == 1,
-    )
-    .await;
-
-    let before_api = api_requests(&client).await;
-    let cpu_before = cpu_seconds(pid);
-    let publishes_before = mock.calls("ControllerPublishVolume");
-    let started = Instant::now();
-    stream::iter(0..n)
-        .for_each_concurrent(CONCURRENCY, |i| {
-            let vas = vas.clone();
-            let va = bench_va(&format!("{run}-va-{i}"), &driver, &node, &pvs[i], &run);
-            async move {
-                vas.create(&PostParams::default(), &va).await.unwrap();
-            }
-        })
-        .await;
-    wait_until(&vas, &run, "attach", Duration::from_secs(600), |t, a| {
-        t == n && a == n
-    })
-    .await;
-    let attach = started.elapsed();
-    let publishes = mock.calls("ControllerPublishVolume") - publishes_before;
-
-    let started = Instant::now();
-    stream::iter(0..n)
-        .for_each_concurrent(CONCURRENCY, |i| {
-            let vas = vas.clone();
-            let name = format!("{run}-va-{i}");
-            async move {
-                vas.delete(&name, &DeleteParams::default()).await.unwrap();
-            }
-        })
-        .await;
-    wait_until(&vas, &run, "detach", Duration::from_secs(600), |t, _| {
-        t == 0
-    })
-    .await;
-    let detach = started.elapsed();
-    let cpu = cpu_seconds(pid) - cpu_before;
-    let after_api = api_requests(&client).await;
-    let peak_rss = status_mib(pid, "VmHWM:");
-    let delta = |verb: &str| {
-        after_api.get(verb).copied().unwrap_or(0.0) - before_api.get(verb).copied().unwrap_or(0.0)
-    };
-    let patches = delta("PATCH");
-    let gets = delta("GET");
-
-    // Clean up: the warm-up VA and every PV (the attacher removes its finalizers).
-    let _ = vas
-        .delete(&format!("{run}-warm"), &DeleteParams::default())
-        .await;
-    let pv_api: Api<PersistentVolume> = Api::all(client.clone());
-    stream::iter(pvs.iter())
-        .for_each_concurrent(CONCURRENCY, |pv| {
-            let pv_api = pv_api.clone();
-            async move {
-                let _ = pv_api.delete(pv, &DeleteParams::default()).await;
-            }
-        })
-        .await;
-    attacher.stop().await;
-    mock.driver_process.process.stop().await;
-    Throughput {
-        attach,
-        detach,
-        cpu,
-        peak_rss,
-        patches,
-        gets,
-        publishes,
-    }
-}
-
-/// Idle memory of `k` drivers with a cache of `cache` foreign VAs and PVs.
-async fn many_drivers_memory(cluster: &Cluster, which: Impl, k: usize) -> (f64, usize) {
-    let mut mocks = Vec::new();
-    for _ in 0..k {
-        let driver = support::unique_driver_name("mem");
-        mocks.push(MockCsi::start(cluster, &driver, MockCsiOptions::default()).await);
-    }
-    let mut processes = Vec::new();
-    let dir = tempfile::tempdir().unwrap();
-    match which {
-        Impl::Go => {
-            for m in &mocks {
-                processes.push(start_attacher(cluster, Impl::Go, m.socket()));
-            }
-        }
-        Impl::Hub => {
-            let file = dir.path().join("drivers.yaml");
-            let mut yaml = String::from("drivers:\n");
-            for m in &mocks {
-                yaml.push_str(&format!("  - address: unix://{}\n", m.socket().display()));
-            }
-            std::fs::write(&file, yaml).unwrap();
-            let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_attacher-hub"));
-            cmd.arg(format!(
-                "--kubeconfig={}",
-                cluster.attacher_kubeconfig.display()
-            ))
-            .arg(format!("--config={}", file.display()))
-            .args(QPS)
-            .arg("-v=2");
-            processes.push(support::ChildProcess::spawn("attacher-hub", cmd));
+        Config {
+            id: "b",
+            title: "raised QPS (100 / 200)".into(),
+            spec: spec(
+                "b",
+                with(seed_flags(), &raised),
+                vec![],
+                Workload::Uniform {
+                    per_driver: k.b_vas,
+                },
+            ),
+            contenders: both.clone(),
+            extra: 0,
+            not_run: None,
+        },
+        Config {
+            id: "c",
+            title: "no client-side limit".into(),
+            spec: spec(
+                "c",
+                with(seed_flags(), &unlimited),
+                vec![],
+                Workload::Uniform {
+                    per_driver: k.b_vas,
+                },
+            ),
+            contenders: both.clone(),
+            extra: 0,
+            not_run: None,
+        },
+        Config {
+            id: "d",
+            title: "noisy neighbour, per-driver budgets (5 / 10)".into(),
+            spec: spec("d", seed_flags(), vec![], noisy.clone()),
+            contenders: both.clone(),
+            extra: 0,
+            not_run: None,
+        },
+        Config {
+            id: "e1",
+            title: format!(
+                "noisy neighbour, hub cap = fleet total ({} / {})",
+                5 * n,
+                10 * n
+            ),
+            spec: spec("e1", seed_flags(), fleet_cap, noisy.clone()),
+            contenders: vec![Contender::Hub],
+            extra: 0,
+            not_run: cap_not_run.clone(),
+        },
+        Config {
+            id: "e2",
+            title: format!(
+                "noisy neighbour, binding hub cap ({} / {})",
+                k.tight_cap.0, k.tight_cap.1
+            ),
+            spec: spec("e2", seed_flags(), tight_cap, noisy),
+            contenders: vec![Contender::Hub],
+            extra: 0,
+            not_run: cap_not_run,
+        },
+        Config {
+            id: "f",
+            title: format!("idle, {} extra VAs + PVs", k.idle_extra),
+            spec: RunSpec {
+                settle: k.idle_settle,
+                ..spec(
+                    "f",
+                    seed_flags(),
+                    vec![],
+                    Workload::Idle {
+                        window: k.idle_window,
+                    },
+                )
+            },
+            contenders: both,
+            extra: k.idle_extra,
+            not_run: None,
+        },
+    ];
+    for c in &mut out {
+        if c.not_run.is_none() && !k.configs.iter().any(|id| id == c.id) {
+            c.not_run = Some("not in BENCH_CONFIGS".into());
         }
     }
-    // Let every cache fill and settle.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let rss: f64 = processes
-        .iter()
-        .filter_map(|p| p.id())
-        .map(|pid| status_mib(pid, "VmRSS:"))
-        .sum();
-    let count = processes.len();
-    for mut p in processes {
-        p.stop().await;
-    }
-    for mut m in mocks {
-        m.driver_process.process.stop().await;
-    }
-    (rss, count)
+    out
 }
 
-async fn fill_cache(client: &Client, cache: usize) -> String {
-    let run = support::unique_name("cache");
-    let driver = support::unique_driver_name("unserved");
-    stream::iter(0..cache)
-        .for_each_concurrent(CONCURRENCY, |i| {
-            let client = client.clone();
-            let driver = driver.clone();
-            let run = run.clone();
-            async move {
-                let pv = format!("{run}-pv-{i}");
-                PvBuilder::new(&pv, &driver, &format!("h-{i}"))
-                    .create(&client)
-                    .await;
-                let va = bench_va(&format!("{run}-va-{i}"), &driver, "nowhere", &pv, &run);
-                Api::<VolumeAttachment>::all(client)
-                    .create(&PostParams::default(), &va)
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
-    run
+/// Whether this attacher-hub has the process-wide cap flags (the per-driver
+/// budget change).
+fn hub_knows_cap_flags() -> bool {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
+        .arg("--help")
+        .output()
+        .expect("run attacher-hub --help");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.contains("hub-kube-api-qps")
 }
 
-async fn drop_cache(client: &Client, run: &str, cache: usize) {
-    stream::iter(0..cache)
-        .for_each_concurrent(CONCURRENCY, |i| {
-            let client = client.clone();
-            async move {
-                let _ = Api::<VolumeAttachment>::all(client.clone())
-                    .delete(&format!("{run}-va-{i}"), &DeleteParams::default())
-                    .await;
-                let _ = Api::<PersistentVolume>::all(client)
-                    .delete(&format!("{run}-pv-{i}"), &DeleteParams::default())
-                    .await;
-            }
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         })
-        .await;
+        .map_or(String::new(), |kib| {
+            format!(", {:.0} GiB", kib / 1024.0 / 1024.0)
+        });
+    format!("{cores} cores{mem}")
+}
+
+fn hub_version() -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::process::Command::new("git")
+        .args([
+            "-C",
+            &repo.display().to_string(),
+            "describe",
+            "--always",
+            "--dirty",
+        ])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .map_or_else(
+            || env!("CARGO_PKG_VERSION").to_string(),
+            |c| format!("`{c}`"),
+        )
+}
+
+fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map_or_else(String::new, |s| s.trim().to_string())
+}
+
+fn progress(c: Contender, s: &scenario::Sample) -> String {
+    let f = |v: Option<f64>| v.map_or("—".into(), |x| format!("{x:.2}"));
+    format!(
+        "{c:?}: {} VAs, {} VA/s, p50 {} s, p99 {} s, detach {} s, CPU {:.2} s, peak {:.0} MiB, idle {:.0} MiB, watches {:.0}, publishes {} (dup {}){}",
+        s.vas,
+        f(s.throughput),
+        f(s.p50),
+        f(s.p99),
+        f(s.detach),
+        s.cpu,
+        s.peak_rss,
+        s.idle_rss,
+        s.watches,
+        s.publishes,
+        s.duplicate_publishes,
+        s.incomplete
+            .as_ref()
+            .map_or(String::new(), |w| format!(" INCOMPLETE: {w}"))
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with `make bench`"]
-async fn go_external_attacher_versus_attacher_hub() {
+async fn one_hub_against_a_fleet_of_go_sidecars() {
+    let started = Instant::now();
+    let knobs = Knobs::from_env();
     let cluster = Cluster::get();
-    let n = env_usize("BENCH_VAS", 300);
-    let k = env_usize("BENCH_DRIVERS", 5);
-    let cache = env_usize("BENCH_CACHE", 1000);
-    let mut report = String::new();
-    report.push_str(&format!(
-        "# attacher-hub benchmark\n\n{n} VolumeAttachments on one node of the Go mock driver, created at once on a warm attacher; \
-         both attachers with `--kube-api-qps=100 --kube-api-burst=200 --worker-threads=10`, run one after the other on the same \
-         local kube-apiserver. Machine: {} cores.\n\n",
-        std::thread::available_parallelism().map_or(0, usize::from)
-    ));
-
-    let go = throughput(cluster, Impl::Go, n).await;
-    let hub = throughput(cluster, Impl::Hub, n).await;
-    report.push_str("| | attach all (s) | detach all (s) | CPU (s) | peak RSS (MiB) | API PATCHes | API GETs | ControllerPublish calls |\n|---|---|---|---|---|---|---|---|\n");
-    for (which, t) in [(Impl::Go, &go), (Impl::Hub, &hub)] {
-        report.push_str(&format!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.0} | {:.0} | {} |\n",
-            which.label(),
-            t.attach.as_secs_f64(),
-            t.detach.as_secs_f64(),
-            t.cpu,
-            t.peak_rss,
-            t.patches,
-            t.gets,
-            t.publishes
-        ));
-    }
-    let ratio = |a: f64, b: f64| if a > 0.0 { b / a } else { f64::NAN };
-    report.push_str(&format!(
-        "| **hub / Go** | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | | |\n\n",
-        ratio(go.attach.as_secs_f64(), hub.attach.as_secs_f64()),
-        ratio(go.detach.as_secs_f64(), hub.detach.as_secs_f64()),
-        ratio(go.cpu, hub.cpu),
-        ratio(go.peak_rss, hub.peak_rss),
-        ratio(go.patches, hub.patches),
-    ));
-
-    println!("\n{report}");
     let client = cluster.client().await;
-    let run = fill_cache(&client, cache).await;
-    let (go_rss, go_procs) = many_drivers_memory(cluster, Impl::Go, k).await;
-    let (hub_rss, hub_procs) = many_drivers_memory(cluster, Impl::Hub, k).await;
-    drop_cache(&client, &run, cache).await;
-    report.push_str(&format!(
-        "Memory for {k} drivers with {cache} extra VAs and PVs in the cluster (RSS after 8 s idle):\n\n\
-         | | processes | total RSS (MiB) |\n|---|---|---|\n\
-         | {k} × external-attacher | {go_procs} | {go_rss:.1} |\n\
-         | attacher-hub, {k} drivers | {hub_procs} | {hub_rss:.1} |\n\
-         | **hub / Go** | | {:.2} |\n",
-        ratio(go_rss, hub_rss)
-    ));
+    let hub_has_cap = hub_knows_cap_flags();
+    eprintln!("bench: {knobs:?}; hub has the cap flags: {hub_has_cap}");
 
-    println!("\n{report}");
+    let mut raw = Vec::new();
+    for &c in RAW_CONCURRENCY {
+        let seconds = knobs.raw_seconds / RAW_CONCURRENCY.len() as f64;
+        let rate = scenario::raw_write_rate(&client, seconds, c).await;
+        eprintln!("bench: raw write rate with {c} in flight: {rate:.0} PATCH/s");
+        raw.push((c, rate));
+    }
+    let (raw_concurrency, raw_writes) = raw
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("RAW_CONCURRENCY is not empty");
+
+    let mut results = Vec::new();
+    for config in configs(&knobs, hub_has_cap) {
+        let mut result = ConfigResult {
+            id: config.id.to_string(),
+            title: config.title.clone(),
+            spec: config.spec.clone(),
+            extra: config.extra,
+            samples: BTreeMap::new(),
+            not_run: config.not_run.clone(),
+        };
+        if config.not_run.is_none() {
+            let extra = if config.extra > 0 {
+                let t = Instant::now();
+                let e = scenario::create_extra(&client, config.extra).await;
+                eprintln!(
+                    "bench: {} extra VAs + PVs created in {:.1} s",
+                    config.extra,
+                    t.elapsed().as_secs_f64()
+                );
+                Some(e)
+            } else {
+                None
+            };
+            for rep in 0..knobs.repeats {
+                let mut order = config.contenders.clone();
+                if rep % 2 == 1 {
+                    order.reverse();
+                }
+                for c in order {
+                    let t = Instant::now();
+                    // Each phase has its own limit; this one catches a run stuck on a
+                    // control plane that died (its processes are killed on drop).
+                    let limit = knobs.timeout * 3 + RUN_OVERHEAD;
+                    let sample = tokio::time::timeout(limit, scenario::run(cluster, c, &config.spec))
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!(
+                                "config {} run {} ({c:?}) did not finish within {limit:?}: is the control plane \
+                                 still up? (logs next to {})",
+                                config.id,
+                                rep + 1,
+                                cluster.kubeconfig.display()
+                            )
+                        });
+                    eprintln!(
+                        "bench: {} run {}/{} ({:.0} s) {}",
+                        config.id,
+                        rep + 1,
+                        knobs.repeats,
+                        t.elapsed().as_secs_f64(),
+                        progress(c, &sample)
+                    );
+                    result.samples.entry(c).or_default().push(sample);
+                }
+            }
+            if let Some(extra) = extra {
+                scenario::remove_extra(&client, &extra).await;
+            }
+        }
+        results.push(result);
+    }
+
+    let ctx = Context {
+        date: utc_now(),
+        machine: machine(),
+        hub_version: hub_version(),
+        hub_has_cap,
+        repeats: knobs.repeats,
+        drivers: knobs.drivers,
+        raw_writes,
+        raw_concurrency,
+        tight_cap: knobs.tight_cap,
+        duration: started.elapsed(),
+    };
+    let checks = report::checks(&results, &ctx);
+    let md = report::render(&results, &checks, &ctx);
+    println!("\n{md}");
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-report.md");
-    std::fs::write(&target, &report).expect("write target/bench-report.md");
-    assert_eq!(
-        hub.publishes, n,
-        "attacher-hub publishes each volume exactly once"
+    std::fs::write(&target, &md).expect("write target/bench-report.md");
+    eprintln!("bench: report written to {}", target.display());
+    if knobs.strict {
+        let failed: Vec<&str> = checks
+            .iter()
+            .filter(|c| c.pass == Some(false))
+            .map(|c| c.what.as_str())
+            .collect();
+        assert!(failed.is_empty(), "failed checks: {failed:?}");
+    }
+}
+
+// The pure parts of the benchmark, checked by `cargo test` (cheap, no cluster).
+
+#[test]
+fn medians_and_quantiles() {
+    assert_eq!(report::median([3.0, 1.0, 2.0]), Some(2.0));
+    assert_eq!(report::median([4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    assert_eq!(report::median(Vec::<f64>::new()), None);
+    let v: Vec<f64> = (1..=100).map(f64::from).collect();
+    assert_eq!(scenario::quantile(&v, 0.5), 50.0);
+    assert_eq!(scenario::quantile(&v, 0.99), 99.0);
+    assert_eq!(scenario::quantile(&[7.0], 0.99), 7.0);
+}
+
+#[test]
+fn api_server_counters_are_read_by_verb_resource_and_subresource() {
+    let text = r#"# HELP apiserver_request_total Counter
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="storage.k8s.io",resource="volumeattachments",scope="resource",subresource="status",verb="PATCH",version="v1"} 3
+apiserver_request_total{code="404",component="apiserver",dry_run="",group="storage.k8s.io",resource="volumeattachments",scope="resource",subresource="status",verb="PATCH",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""} 1
+apiserver_longrunning_requests{component="apiserver",group="storage.k8s.io",resource="volumeattachments",scope="cluster",subresource="",verb="WATCH",version="v1"} 4
+apiserver_longrunning_requests{component="apiserver",group="",resource="pods",scope="namespace",subresource="exec",verb="CONNECT",version="v1"} 1
+"#;
+    let m = support::ApiServerMetrics::parse(text);
+    let status = support::RequestKind {
+        verb: "PATCH".into(),
+        resource: "volumeattachments".into(),
+        subresource: "status".into(),
+    };
+    assert_eq!(m.requests[&status], 5.0);
+    assert_eq!(status.to_string(), "PATCH volumeattachments/status");
+    assert!(status.is_write());
+    assert_eq!(m.watches, 4.0);
+    let before = support::ApiServerMetrics::parse(&text.replace("} 3", "} 1"));
+    assert_eq!(m.requests_since(&before)[&status], 2.0);
+}
+
+#[test]
+fn thresholds_pass_and_fail_on_the_right_side() {
+    use scenario::Sample;
+    let knobs = Knobs {
+        configs: vec![],
+        ..Knobs::from_env()
+    };
+    let sample = |throughput: f64, p99: f64, cpu: f64, detach_writes: f64| Sample {
+        vas: 10,
+        throughput: Some(throughput),
+        p50: Some(p99 / 2.0),
+        p99: Some(p99),
+        cpu,
+        detach_requests: BTreeMap::from([(
+            support::RequestKind {
+                verb: "PATCH".into(),
+                resource: "volumeattachments".into(),
+                subresource: String::new(),
+            },
+            detach_writes * 10.0,
+        )]),
+        ..Sample::default()
+    };
+    let result = |id: &str, fleet: Sample, hub: Sample| {
+        let cfg = configs(&knobs, true)
+            .into_iter()
+            .find(|c| c.id == id)
+            .expect("known config");
+        ConfigResult {
+            id: id.into(),
+            title: cfg.title,
+            spec: cfg.spec,
+            extra: 0,
+            samples: BTreeMap::from([(Contender::Fleet, vec![fleet]), (Contender::Hub, vec![hub])]),
+            not_run: None,
+        }
+    };
+    let ctx = Context {
+        date: String::new(),
+        machine: String::new(),
+        hub_version: String::new(),
+        hub_has_cap: true,
+        repeats: 1,
+        drivers: 10,
+        raw_writes: 1000.0,
+        raw_concurrency: 32,
+        tight_cap: (10.0, 20),
+        duration: Duration::ZERO,
+    };
+    let results = vec![
+        // a: hub as fast and no slower: pass both.
+        result(
+            "a",
+            sample(10.0, 2.0, 1.0, 2.0),
+            sample(10.0, 2.0, 1.0, 1.0),
+        ),
+        // b: hub slower: fail.
+        result("b", sample(10.0, 2.0, 1.0, 2.0), sample(9.0, 2.0, 1.0, 1.0)),
+        // c: 1.3x and 0.25x exactly: pass both.
+        result(
+            "c",
+            sample(10.0, 2.0, 4.0, 2.0),
+            sample(13.0, 2.0, 1.0, 1.0),
+        ),
+    ];
+    let checks = report::checks(&results, &ctx);
+    let verdict = |prefix: &str| {
+        checks
+            .iter()
+            .find(|c| c.what.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no check {prefix}"))
+            .pass
+    };
+    assert_eq!(verdict("a: throughput"), Some(true));
+    assert_eq!(verdict("a: p99"), Some(true));
+    assert_eq!(verdict("b: throughput"), Some(false));
+    assert_eq!(verdict("c: throughput"), Some(true));
+    assert_eq!(verdict("c: CPU"), Some(true));
+    assert_eq!(verdict("d:"), None, "d was not run");
+    assert_eq!(verdict("b: API writes per detached VA"), Some(true));
+    let md = report::render(&results, &checks, &ctx);
+    assert!(
+        md.contains("| **b** | hub / fleet | | | **0.90** |"),
+        "{md}"
     );
 }

@@ -7,18 +7,24 @@
 //! subset, hence the module-wide allowances for unused items and re-exports.
 #![allow(dead_code, unused_imports)]
 
+mod apiserver_metrics;
 mod cluster;
 mod fixtures;
+mod mock_process;
 mod names;
+mod proc_stats;
 mod process;
 mod wait;
 
+pub(crate) use apiserver_metrics::{ApiServerMetrics, RequestKind};
 pub(crate) use cluster::Cluster;
 pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
     is_attached, sanitize_driver_name, va,
 };
+pub(crate) use mock_process::MockProcess;
 pub(crate) use names::{test_name, unique_driver_name, unique_name};
+pub(crate) use proc_stats::{cpu_seconds, status_mib};
 pub(crate) use process::{
     ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher,
 };

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# `make bench`: builds the benchmark (tests/bench.rs) in release mode, starts a
+# fresh control plane of its own, runs the benchmark against it and stops it
+# again, also on failure. The report goes to stdout and target/bench-report.md.
+#
+# Usage: tests/bench/run.sh            (sizes and repeats: BENCH_* variables,
+#                                       see tests/bench.rs)
+# BENCH_CLUSTER_DIR overrides the control plane's directory (.work/bench-cluster).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+dir=${BENCH_CLUSTER_DIR:-$repo/.work/bench-cluster}
+profile=${BENCH_PROFILE:---release}
+
+# Build first, so that compiling does not compete with the measurements.
+cargo test $profile --test bench --no-run
+
+# A fresh control plane: whatever an earlier run left is thrown away.
+scripts/cluster-down.sh "$dir" >/dev/null 2>&1 || true
+rm -rf "$dir"
+trap 'scripts/cluster-down.sh "$dir" >/dev/null 2>&1 || true' EXIT
+scripts/cluster-up.sh "$dir" >/dev/null
+# shellcheck disable=SC1091
+. "$dir/env"
+
+t0=$(date +%s)
+cargo test $profile --test bench -- --ignored --nocapture --test-threads=1
+echo "bench: finished in $(( $(date +%s) - t0 )) s" >&2
