@@ -239,8 +239,22 @@ impl Presence {
             })
     }
 
-    /// Renews (or creates) our presence Lease in `group`.
-    pub async fn renew(&self, group: &str) -> kube::Result<()> {
+    /// Renews (or creates) our presence Lease in `group`. `cached` is our Lease as the watch
+    /// last showed it: its resourceVersion saves a GET per round; a stale one (409) or a
+    /// missing one falls back to reading the Lease first.
+    pub async fn renew(&self, group: &str, cached: Option<&Lease>) -> kube::Result<()> {
+        if let Some(rv) = cached.and_then(|l| l.metadata.resource_version.clone()) {
+            let mut lease = self.record(group);
+            lease.metadata.resource_version = Some(rv);
+            match self
+                .timed(self.api.replace(&self.name, &PostParams::default(), &lease))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
         match self.timed(self.api.get_opt(&self.name)).await? {
             None => {
                 self.timed(self.api.create(&PostParams::default(), &self.record(group)))
@@ -281,7 +295,10 @@ impl Presence {
         group: &str,
         leases: &[Lease],
     ) -> kube::Result<usize> {
-        self.renew(group).await?;
+        let own = leases
+            .iter()
+            .find(|l| l.metadata.name.as_deref() == Some(self.name.as_str()));
+        self.renew(group, own).await?;
         let others = others_in_group(leases, &self.name, group, Timestamp::now(), Instant::now());
         let before = balance.share();
         balance.set(drivers, others);

@@ -509,13 +509,14 @@ impl Driver {
                     Err(e) => return Term::Over(Outcome::Failed(format!("leader election: {e}"))),
                 };
                 let balance = shared.balance.clone();
-                let wake = Arc::new(tokio::sync::Notify::new());
-                shared
-                    .lease_wakers
-                    .insert(config_name.clone(), wake.clone());
+                let feed = shared
+                    .lease_feeds
+                    .entry(config_name.clone())
+                    .or_insert_with(|| tokio::sync::watch::channel(None).0)
+                    .subscribe();
                 let elector = elector
                     .with_acquire_gate(AcquireGate(Arc::new(move || balance.may_acquire())))
-                    .with_wake(wake);
+                    .with_feed(feed);
                 shared
                     .leader_status
                     .insert(name.to_string(), elector.status());
@@ -589,7 +590,7 @@ impl Driver {
             }
         }
         shared.leader_status.remove(name);
-        shared.lease_wakers.remove(&leader::lease_name(name));
+        shared.lease_feeds.remove(&leader::lease_name(name));
         shared.metrics.set_leader(name, false);
         if matches!(term, Term::HandedOver) {
             write(&self.info).lease_holder = None;

@@ -236,8 +236,11 @@ pub struct Shared {
     pub balance: Arc<Balance>,
     /// Cap of logged CSI responses (`--max-grpc-log-length`).
     pub max_grpc_log_length: i64,
-    /// Wakes a driver's elector when its Lease is seen vacated (see `balance_leases`).
-    pub lease_wakers: DashMap<String, Arc<tokio::sync::Notify>>,
+    /// Copies of each driver Lease from the Lease watch of `balance_leases`, for its elector.
+    pub lease_feeds: DashMap<
+        String,
+        tokio::sync::watch::Sender<Option<k8s_openapi::api::coordination::v1::Lease>>,
+    >,
     /// Cancelled once the supervisor has started the first set of drivers: leadership
     /// balancing waits for it, so its first share counts every configured driver.
     pub first_reconcile: CancellationToken,
@@ -468,7 +471,7 @@ pub async fn run(
         leader_status: DashMap::new(),
         balance: Arc::new(Balance::default()),
         max_grpc_log_length,
-        lease_wakers: DashMap::new(),
+        lease_feeds: DashMap::new(),
         first_reconcile: CancellationToken::new(),
     });
     if let Some(b) = balance {
@@ -968,10 +971,17 @@ async fn balance_leases(shared: Arc<Shared>, config: BalanceConfig, stop: Cancel
     use kube::runtime::{WatchStreamExt, watcher};
 
     let api = kube::Api::<Lease>::namespaced(shared.leader_client.clone(), &config.namespace);
+    // A replica's presence expires before its driver Leases do (they are renewed as often and
+    // last a retry period longer), so when a dead replica's driver Leases expire the survivors
+    // already count it out and may take them at once.
+    let presence_duration = config
+        .lease_duration
+        .saturating_sub(config.retry_period)
+        .max(config.retry_period * 2);
     let presence = Presence::new(
         api.clone(),
         &config.identity,
-        config.lease_duration,
+        presence_duration,
         config.retry_period,
     );
     let mut leases: HashMap<String, Lease> = HashMap::new();
@@ -1041,8 +1051,8 @@ async fn balance_leases(shared: Arc<Shared>, config: BalanceConfig, stop: Cancel
     presence.remove().await;
 }
 
-/// Keeps `leases` in step with the Lease watch and wakes the elector of every driver Lease that
-/// was just vacated (handed over by another replica, or released on its shutdown).
+/// Keeps `leases` in step with the Lease watch and passes every driver Lease it sees to that
+/// Lease's elector (which then knows of renewals, releases and deletions at once).
 fn apply_lease_event(
     shared: &Shared,
     leases: &mut HashMap<String, k8s_openapi::api::coordination::v1::Lease>,
@@ -1052,25 +1062,25 @@ fn apply_lease_event(
     use kube::runtime::watcher::Event;
     let name =
         |l: &k8s_openapi::api::coordination::v1::Lease| l.metadata.name.clone().unwrap_or_default();
+    let feed = |name: &str, lease: Option<&k8s_openapi::api::coordination::v1::Lease>| {
+        if let Some(tx) = shared.lease_feeds.get(name) {
+            tx.send_replace(lease.cloned());
+        }
+    };
     match event {
         Event::Apply(lease) => {
-            let vacant = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref())
-                .is_none_or(str::is_empty);
-            if vacant && let Some(wake) = shared.lease_wakers.get(&name(&lease)) {
-                wake.notify_one();
-            }
+            feed(&name(&lease), Some(&lease));
             leases.insert(name(&lease), lease);
         }
+        Event::InitApply(lease) => {
+            feed(&name(&lease), Some(&lease));
+            listing.insert(name(&lease), lease);
+        }
         Event::Delete(lease) => {
+            feed(&name(&lease), None);
             leases.remove(&name(&lease));
         }
         Event::Init => listing.clear(),
-        Event::InitApply(lease) => {
-            listing.insert(name(&lease), lease);
-        }
         Event::InitDone => std::mem::swap(leases, listing),
     }
 }

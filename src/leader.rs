@@ -58,6 +58,10 @@ const ERROR_RETRY_MIN: Duration = Duration::from_millis(500);
 /// Leases back within 2 s of its return.
 const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// A candidate fed by a watch tries this long after the Lease it watches expired (its holder's
+/// clock and ours may differ by the API server's write delay).
+const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
+
 /// Longest wait for the Lease release on shutdown (bounded further by the renew deadline).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -600,9 +604,11 @@ pub struct LeaderElector {
     /// Asked before every acquisition attempt (not before renewals): `false`
     /// skips the attempt. Hub replicas use it to stay within their share.
     gate: Option<AcquireGate>,
-    /// Notified when the Lease may have become free (another replica handed it over): the next
-    /// acquisition attempt is made at once instead of after the retry period.
-    wake: Option<Arc<tokio::sync::Notify>>,
+    /// Copies of the Lease as a watch sees them (`None`: deleted). A standby candidate then
+    /// knows of every renewal the moment it is written, so it judges expiry from the holder's
+    /// real last renewal instead of from its own last poll (which lags by up to a jittered retry
+    /// period), tries at the instant the Lease expires, and at once when it is vacated.
+    feed: Option<watch::Receiver<Option<Lease>>>,
 }
 
 /// A predicate that allows or skips acquisition attempts.
@@ -630,14 +636,38 @@ impl LeaderElector {
             lease: None,
             reported_holder: String::new(),
             gate: None,
-            wake: None,
+            feed: None,
         })
     }
 
-    /// Try to acquire at once whenever `wake` is notified, not only every retry period.
-    pub fn with_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
-        self.wake = Some(wake);
+    /// Observe the Lease through `feed` (copies from a watch) while waiting to acquire it.
+    pub fn with_feed(mut self, feed: watch::Receiver<Option<Lease>>) -> Self {
+        self.feed = Some(feed);
         self
+    }
+
+    /// Takes in a copy of the Lease from the feed; returns when the next attempt is due: now
+    /// if the Lease is gone or vacant, at its expiry if someone else holds it, else `None`
+    /// (keep the current pause).
+    fn absorb(&mut self, lease: Option<Lease>) -> Option<Instant> {
+        let now = Instant::now();
+        let Some(lease) = lease else {
+            return Some(now);
+        };
+        if lease.metadata.name.as_deref() != Some(self.config.name.as_str()) {
+            return None;
+        }
+        let record = Record::from_spec(lease.spec.as_ref());
+        let vacant = record.holder.is_empty();
+        self.lease = Some(lease);
+        observe(&mut self.observed, record, now);
+        self.report_holder();
+        if vacant {
+            return Some(now);
+        }
+        let observed = self.observed.as_ref()?;
+        (observed.record.holder != self.config.identity)
+            .then(|| observed.at + self.config.lease_duration + EXPIRY_MARGIN)
     }
 
     /// Only try to acquire the Lease while `gate` says yes (renewing a held
@@ -738,17 +768,40 @@ impl LeaderElector {
                         .min(self.config.retry_period);
                 }
             }
-            let woken = async {
-                match &self.wake {
-                    Some(w) => w.notified().await,
-                    None => std::future::pending().await,
+            let mut due = Instant::now() + pause;
+            // A Lease held by another candidate is worth trying again the moment it expires
+            // by client-go's rule (our observation of its last change + the lease duration).
+            // (Only a future expiry: an expired Lease we were not allowed to take waits for the
+            // normal pause, or for the feed.)
+            if let Some(o) = &self.observed
+                && !o.record.holder.is_empty()
+                && o.record.holder != self.config.identity
+            {
+                let expiry = o.at + self.config.lease_duration + EXPIRY_MARGIN;
+                if expiry > Instant::now() {
+                    due = due.min(expiry);
                 }
-            };
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return false,
-                () = woken => debug!("woken: the lease may be free"),
-                () = tokio::time::sleep(pause) => {}
+            }
+            loop {
+                let feed = async {
+                    match self.feed.as_mut() {
+                        Some(f) => match f.changed().await {
+                            Ok(()) => Some(f.borrow_and_update().clone()),
+                            Err(_) => std::future::pending().await,
+                        },
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return false,
+                    () = tokio::time::sleep_until(due) => break,
+                    lease = feed => {
+                        if let Some(at) = lease.and_then(|l| self.absorb(l)) {
+                            due = due.min(at);
+                        }
+                    }
+                }
             }
         }
     }
@@ -1568,34 +1621,69 @@ mod tests {
         );
     }
 
-    /// A Lease handed over (vacated by its holder) is taken as soon as the candidate is woken,
-    /// not a jittered retry period later.
-    #[tokio::test(start_paused = true)]
-    async fn a_woken_candidate_takes_a_vacated_lease_at_once() {
-        let fake = fake::Fake::default();
-        fake.put(held_by("other", 0));
-        let wake = Arc::new(tokio::sync::Notify::new());
+    fn fed_elector(fake: &fake::Fake) -> (LeaderElector, watch::Sender<Option<Lease>>) {
+        let (feed, rx) = watch::channel(None);
         let elector = LeaderElector::new(
             Api::namespaced(fake.client(), "default"),
             Config::new("lease", "default", "me"),
         )
         .expect("valid")
-        .with_wake(wake.clone());
+        .with_feed(rx);
+        (elector, feed)
+    }
+
+    /// A Lease handed over (vacated by its holder) is taken as soon as the watch shows it,
+    /// not a jittered retry period later.
+    #[tokio::test(start_paused = true)]
+    async fn a_fed_candidate_takes_a_vacated_lease_at_once() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 0));
+        let (elector, feed) = fed_elector(&fake);
         let token = CancellationToken::new();
         let (mut rx, _handle) = elector.spawn(token.clone());
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!rx.borrow().is_leading());
-        // The holder hands it over.
+        // The holder hands it over; the watch shows it.
         let mut lease = fake.state().lease.clone().expect("lease");
         lease.spec = Some(release_record(&record("other", 0), Timestamp::now()).to_spec());
         fake.put(lease);
         let vacated = Instant::now();
-        wake.notify_one();
+        feed.send_replace(fake.state().lease.clone());
         rx.wait_for(Leadership::is_leading).await.expect("leads");
         assert!(
             vacated.elapsed() < Duration::from_millis(100),
             "{:?}",
             vacated.elapsed()
+        );
+        token.cancel();
+    }
+
+    /// A holder that dies is replaced one lease duration after its last renewal as the watch
+    /// showed it (client-go's rule), not after a further retry period of polling.
+    #[tokio::test(start_paused = true)]
+    async fn a_fed_candidate_takes_over_when_the_lease_expires() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 0));
+        let (elector, feed) = fed_elector(&fake);
+        let token = CancellationToken::new();
+        let (mut rx, _handle) = elector.spawn(token.clone());
+        // The holder renews three times, each renewal seen through the watch, then dies.
+        for i in 0..3 {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let mut lease = fake.state().lease.clone().expect("lease");
+            let mut r = stored_record(&fake);
+            r.renew_time = Some(MicroTime(Timestamp::constant(1000 + i, 0)));
+            lease.spec = Some(r.to_spec());
+            fake.put(lease);
+            feed.send_replace(fake.state().lease.clone());
+        }
+        let died = Instant::now();
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let took = died.elapsed();
+        assert!(
+            took >= DEFAULT_LEASE_DURATION
+                && took <= DEFAULT_LEASE_DURATION + Duration::from_millis(200),
+            "took over {took:?} after the last renewal"
         );
         token.cancel();
     }

@@ -601,7 +601,7 @@ fn settings(path: &str) -> Settings {
         reconcile_sync: Duration::from_secs(60),
         max_entries: 0,
         default_fstype: String::new(),
-        kube_api_budget: None,
+        api_budget: attacher_hub::budget::Limit::client_go(5.0, 10),
         leader_election: None,
         exit_on_connection_loss: false,
         save_error_code: false,

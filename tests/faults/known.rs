@@ -13,26 +13,7 @@ use futures::FutureExt;
 
 /// Names of the tests (scenarios of `tests/faults.rs`, regressions of
 /// `tests/regressions.rs`) that fail today.
-pub(crate) const KNOWN_FAILING: &[&str] = &[
-    // tests/regressions.rs
-    "leadership_lost_mid_call_does_not_strand_keys",
-    "one_failed_renewal_does_not_end_leadership",
-    "a_dead_replicas_presence_does_not_hold_back_fail_over",
-    "a_hand_over_leaves_no_gap",
-    "a_silent_partition_heals",
-    "sigterm_during_a_silent_partition_finishes",
-    "recovery_after_a_visible_cut_off_is_prompt",
-    "worker_threads_out_of_range_exits_2_with_position",
-    "non_utf8_drivers_yaml_error_names_a_position",
-    "replicas_with_different_driver_sets_do_not_starve",
-    "registry_refuses_a_name_claimed_twice_at_once",
-    "attach_duration_counts_one_observation_per_attach",
-    "a_removed_driver_leaves_no_series",
-    // tests/faults.rs
-    "silent_partition_kills_connections",
-    "config_fuzz_bytes",
-    "leader_lost_while_csi_calls_run_past_the_drain",
-];
+pub(crate) const KNOWN_FAILING: &[&str] = &[];
 
 /// Whether `make faults` runs this process (it sets `ATTACHER_FAULTS=1`).
 pub(crate) fn faults_run() -> bool {
