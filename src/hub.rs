@@ -125,6 +125,8 @@ pub struct Registry {
     claims: std::sync::Mutex<()>,
     /// Every configured slot, named or not, in configuration order.
     slots: RwLock<Vec<Arc<Driver>>>,
+    /// Names of removed slots whose metric series are still to be removed.
+    retired: std::sync::Mutex<Vec<String>>,
 }
 
 impl Registry {
@@ -196,12 +198,28 @@ impl Registry {
             .push(driver);
     }
 
-    /// Removes a slot.
+    /// Removes a slot (its driver has stopped); its name, if it had one, is retired.
     pub fn remove_slot(&self, driver: &Arc<Driver>) {
         self.slots
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|d| !Arc::ptr_eq(d, driver));
+        if let Some(name) = driver.name() {
+            self.retired
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(name);
+        }
+    }
+
+    /// The names of the slots removed since the last call.
+    pub fn take_retired(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .retired
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// Every configured slot.
@@ -566,8 +584,6 @@ async fn gauges(shared: Arc<Shared>, stop: CancellationToken) {
     // Adds already counted, per (driver, pool): queues count adds
     // themselves; the counter follows them here.
     let mut counted: HashMap<(String, &'static str), u64> = HashMap::new();
-    // Names served at the last refresh: a name that is gone loses its series.
-    let mut served: std::collections::HashSet<String> = std::collections::HashSet::new();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -575,15 +591,20 @@ async fn gauges(shared: Arc<Shared>, stop: CancellationToken) {
         }
         let log_now = last_log.elapsed() >= BACKLOG_LOG_INTERVAL;
         let slots = shared.registry.slots();
-        let now_served: std::collections::HashSet<String> =
-            slots.iter().filter_map(|d| d.name()).collect();
-        for gone in served.difference(&now_served) {
+        // Drivers whose slot was removed lose their series, unless another slot serves the
+        // name. Done here, by the only task that sets the gauges, so none comes back.
+        for gone in shared.registry.take_retired() {
+            if slots
+                .iter()
+                .any(|d| d.name().as_deref() == Some(gone.as_str()))
+            {
+                continue;
+            }
             tracing::debug!(driver = %gone, "removing the metrics of a driver no longer served");
-            shared.metrics.remove_driver(gone);
-            shared.csi_ops.remove_driver(gone);
-            counted.retain(|(name, _), _| name != gone);
+            shared.metrics.remove_driver(&gone);
+            shared.csi_ops.remove_driver(&gone);
+            counted.retain(|(name, _), _| *name != gone);
         }
-        served = now_served;
         for d in slots {
             let Some(name) = d.name() else { continue };
             let up = matches!(d.state(), State::Standby | State::Leading);
