@@ -25,10 +25,13 @@ ARG RUST_VERSION=1.95
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /src
-# Only what the build reads: manifest, lock file, build script, protos, sources.
+# Only what the build reads: manifest, lock file, build script, protos, sources. The workspace's
+# other member, crates/mock-csi-driver, must be present for cargo to load the workspace; the
+# binary does not depend on it.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto/ proto/
 COPY src/ src/
+COPY crates/ crates/
 RUN cargo build --release --locked --bin attacher-hub
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -172,7 +172,7 @@ if [ -n "${ATTACHER_HUB_BIN:-}" ] && [ -n "${MOCK_CSI_DRIVER_BIN:-}" ]; then
   say "using prebuilt $hub_bin and $mock_bin"
 else
   say "building attacher-hub and mock-csi-driver (cargo build --release) ..."
-  cargo build --release --bin attacher-hub --bin mock-csi-driver
+  cargo build --release --package attacher-hub --package mock-csi-driver --bin attacher-hub --bin mock-csi-driver
   hub_bin=$repo_root/target/release/attacher-hub mock_bin=$repo_root/target/release/mock-csi-driver
   say "built in $(since "$t0")"
 fi

@@ -26,7 +26,7 @@ bins=$(tools/testbins/build.sh | tail -n 1)
 sanity="$bins/csi-sanity"
 [ -x "$sanity" ] || { echo "sanity: $sanity not found" >&2; exit 1; }
 
-cargo build --quiet --bin mock-csi-driver
+cargo build --quiet --package mock-csi-driver --bin mock-csi-driver
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 mock="${target_dir:-target}/debug/mock-csi-driver"
 

@@ -21,8 +21,7 @@
 //! decisions are pure functions in [`controller::attachment`]. Sidecar mode is
 //! the hub with one driver; [`app`] turns the command line ([`cli`], and
 //! [`config`] for `drivers.yaml`) into a running [`hub`]. [`http`] serves
-//! metrics ([`metrics`]), health, readiness and `/drivers`. [`mock`] is the
-//! project's mock CSI driver, shipped as the `mock-csi-driver` binary.
+//! metrics ([`metrics`]), health, readiness and `/drivers`.
 //! [`status`] is the `attacher-hub status` subcommand, a client of `/drivers`.
 
 pub mod app;
@@ -38,7 +37,6 @@ pub mod hub;
 pub mod k8s;
 pub mod leader;
 pub mod metrics;
-pub mod mock;
 pub mod queue;
 pub mod router;
 pub mod status;

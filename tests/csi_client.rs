@@ -18,8 +18,8 @@ use attacher_hub::{
         status::Outcome,
     },
     metrics::CsiOperations,
-    mock::{self, MockDriver, fault::Fault},
 };
+use mock_csi_driver::{self as mock, MockDriver, fault::Fault};
 use prometheus::{Encoder, Registry, TextEncoder};
 use support::{Cluster, MockCsi, MockCsiOptions};
 

@@ -36,7 +36,7 @@ fn demo_until_attached_prints_three_leading_drivers_with_every_va_attached() {
         .arg("--cluster-dir")
         .arg(cluster_dir)
         .env("ATTACHER_HUB_BIN", env!("CARGO_BIN_EXE_attacher-hub"))
-        .env("MOCK_CSI_DRIVER_BIN", env!("CARGO_BIN_EXE_mock-csi-driver"))
+        .env("MOCK_CSI_DRIVER_BIN", support::mock_csi_driver_bin())
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));

@@ -164,7 +164,14 @@ fn image_from_dockerfile() -> Image {
             copied.insert(src.to_string());
         }
     }
-    for needed in ["Cargo.toml", "Cargo.lock", "build.rs", "proto", "src"] {
+    for needed in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "build.rs",
+        "proto",
+        "src",
+        "crates",
+    ] {
         assert!(
             copied.contains(needed),
             "the builder does not copy {needed}"
@@ -894,7 +901,7 @@ async fn rbac_scenario(cluster: &Cluster, shipped: &[Value], removed: Option<Gra
     // hub starts (found by the initial lists).
     let driver = unique_driver_name("rbac");
     let socket = dir.path().join("csi.sock");
-    let mock = attacher_hub::mock::MockDriver::new(&driver)
+    let mock = mock_csi_driver::MockDriver::new(&driver)
         .volumes(2)
         .serve(&socket)
         .await

@@ -15,13 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use attacher_hub::{
-    csi::proto::registration::{
-        InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
-        registration_server::{Registration, RegistrationServer},
-    },
-    mock::MockDriver,
+use attacher_hub::csi::proto::registration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+    registration_server::{Registration, RegistrationServer},
 };
+use mock_csi_driver::MockDriver;
 use support::{Cluster, PvBuilder};
 use tokio_util::sync::CancellationToken;
 

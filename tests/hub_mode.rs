@@ -13,12 +13,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use attacher_hub::mock::fault::Fault;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::api::DeleteParams;
+use mock_csi_driver::fault::Fault;
 use serde_json::Value;
 use tokio::sync::RwLock;
 
@@ -1055,7 +1055,7 @@ async fn discovered_sockets_become_and_stop_being_drivers() {
     std::fs::create_dir(&d1_dir).unwrap();
     let d1_sock = d1_dir.join("csi.sock");
     let appeared = Instant::now();
-    let mock = attacher_hub::mock::MockDriver::new(&d1)
+    let mock = mock_csi_driver::MockDriver::new(&d1)
         .volumes(4)
         .serve(&d1_sock)
         .await
@@ -1090,7 +1090,7 @@ async fn discovered_sockets_become_and_stop_being_drivers() {
     let d2 = unique_driver_name("disc-node");
     let d2_dir = root.path().join("d2");
     std::fs::create_dir(&d2_dir).unwrap();
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_mock-csi-driver"));
+    let mut cmd = tokio::process::Command::new(support::mock_csi_driver_bin());
     cmd.args([
         "--endpoint".to_string(),
         d2_dir.join("csi.sock").display().to_string(),
@@ -1161,9 +1161,9 @@ async fn a_pv_loses_its_finalizer_when_the_last_va_naming_it_goes_whatever_its_d
     let b = RustMock::start_with(
         &unique_driver_name("shared-b"),
         1,
-        attacher_hub::mock::Capabilities {
+        mock_csi_driver::Capabilities {
             publish_unpublish: false,
-            ..attacher_hub::mock::Capabilities::default()
+            ..mock_csi_driver::Capabilities::default()
         },
     )
     .await;

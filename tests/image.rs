@@ -32,7 +32,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use serde_json::Value;
 
-use attacher_hub::mock::MockDriver;
+use mock_csi_driver::MockDriver;
 use support::{
     Cluster, PvBuilder, WAIT_TIMEOUT, create_node, create_va, is_attached, unique_driver_name,
     unique_name, wait_deleted, wait_for,

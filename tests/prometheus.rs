@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use attacher_hub::mock::{MockDriver, MockHandle, fault::Fault};
+use mock_csi_driver::{MockDriver, MockHandle, fault::Fault};
 use support::{
     ChildProcess, Cluster, PvBuilder, WAIT_TIMEOUT, create_csinode, create_node, create_va,
     is_attached, unique_driver_name, unique_name, wait_deleted, wait_for,

@@ -814,7 +814,7 @@ async fn capabilities_change_across_a_driver_reconnect() {
         hub.wait_leading(&world.driver_names(), QUICK)
             .await
             .unwrap();
-        let publishes = |calls: &[attacher_hub::mock::CallRecord]| {
+        let publishes = |calls: &[mock_csi_driver::CallRecord]| {
             calls
                 .iter()
                 .filter(|c| c.method == "ControllerPublishVolume")

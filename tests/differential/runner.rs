@@ -15,8 +15,6 @@ use attacher_hub::csi::{
         volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode},
     },
 };
-use attacher_hub::mock::CallRecord;
-use attacher_hub::mock::{MockDriver, MockHandle};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, PersistentVolume, PersistentVolumeSpec, Secret,
@@ -24,6 +22,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeAttachment};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use mock_csi_driver::CallRecord;
+use mock_csi_driver::{MockDriver, MockHandle};
 
 use crate::scenarios::{
     Batch, CsiSpec, DriverName, NodeEntry, Obj, PvObj, PvSource, PvState, Scenario, SecretValue,

@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use attacher_hub::mock::{self, fault::Fault};
 use k8s_openapi::api::core::v1::PersistentVolumeSpec;
+use mock_csi_driver::{self as mock, fault::Fault};
 
 /// Where the driver name of a batch comes from.
 #[derive(Clone, Copy, Debug)]

@@ -8,9 +8,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use attacher_hub::mock::CallRecord;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
+use mock_csi_driver::CallRecord;
 
 pub(crate) const PUBLISH: &str = "ControllerPublishVolume";
 pub(crate) const UNPUBLISH: &str = "ControllerUnpublishVolume";

@@ -9,15 +9,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use attacher_hub::mock::control::Client as Control;
-use attacher_hub::mock::fault::Fault;
-use attacher_hub::mock::{CallRecord, MockDriver, MockHandle};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use mock_csi_driver::control::Client as Control;
+use mock_csi_driver::fault::Fault;
+use mock_csi_driver::{CallRecord, MockDriver, MockHandle};
 use tokio::process::Command;
 
 use super::fhub::{FHub, metric_sum};
@@ -93,7 +93,7 @@ impl Mock {
 
     /// Starts the binary (again) on the same socket.
     pub(crate) async fn start_process(&mut self, extra: &[&str]) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mock-csi-driver"));
+        let mut cmd = Command::new(crate::support::mock_csi_driver_bin());
         cmd.arg(format!("--endpoint={}", self.socket.display()))
             .arg(format!("--name={}", self.name))
             .arg(format!("--volumes={}", self.volumes))

@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use attacher_hub::mock::{CallRecord, MockDriver, MockHandle};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeAttachment};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use mock_csi_driver::{CallRecord, MockDriver, MockHandle};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -291,14 +291,14 @@ pub(crate) struct RustMock {
 impl RustMock {
     /// Serves `name` with `volumes` pre-created volumes (`vol-0` …).
     pub(crate) async fn start(name: &str, volumes: usize) -> RustMock {
-        Self::start_with(name, volumes, attacher_hub::mock::Capabilities::default()).await
+        Self::start_with(name, volumes, mock_csi_driver::Capabilities::default()).await
     }
 
     /// As [`RustMock::start`], advertising `capabilities`.
     pub(crate) async fn start_with(
         name: &str,
         volumes: usize,
-        capabilities: attacher_hub::mock::Capabilities,
+        capabilities: mock_csi_driver::Capabilities,
     ) -> RustMock {
         let dir = tempfile::Builder::new()
             .prefix("ah-hub-")

@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use attacher_hub::mock::CallRecord;
-use attacher_hub::mock::control;
+use mock_csi_driver::CallRecord;
+use mock_csi_driver::control;
 
-use super::DriverProcess;
+use super::{DriverProcess, mock_csi_driver_bin};
 
 /// How long the mock may take to print `ready`.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -28,18 +28,15 @@ impl MockProcess {
     /// `vol-0` …) and waits for its `ready` line.
     pub(crate) async fn start(driver: &str, volumes: usize) -> MockProcess {
         let name = driver.to_string();
-        let mut process = DriverProcess::start(
-            "mock-csi-driver",
-            Path::new(env!("CARGO_BIN_EXE_mock-csi-driver")),
-            move |socket| {
+        let mut process =
+            DriverProcess::start("mock-csi-driver", mock_csi_driver_bin(), move |socket| {
                 vec![
                     format!("--endpoint={}", socket.display()),
                     format!("--name={name}"),
                     format!("--volumes={volumes}"),
                 ]
-            },
-        )
-        .await;
+            })
+            .await;
         process
             .process
             .wait_for_output("ready\n", 1, READY_TIMEOUT)

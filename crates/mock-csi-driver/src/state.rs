@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::csi::proto::{self, volume_capability::access_mode::Mode};
+use attacher_hub::csi::proto::{self, volume_capability::access_mode::Mode};
 
 /// Size given to a volume created without a capacity range: 1 GiB.
 pub const DEFAULT_CAPACITY_BYTES: i64 = 1 << 30;

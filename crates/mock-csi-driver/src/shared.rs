@@ -1,46 +1,23 @@
-//! The running mock: shared state behind the gRPC services, fault application,
-//! readiness, and the task that binds, closes and re-binds the socket.
+//! What the gRPC services, the control socket and the handle share: the
+//! volumes, the call record, the fault rules and readiness; and how one call
+//! is run (recorded, its fault applied, logged).
 
-use std::{
-    collections::BTreeMap,
-    io,
-    path::{Path, PathBuf},
-    pin::Pin,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
-    task::{Context, Poll},
-    time::Duration,
-};
+use std::{collections::BTreeMap, time::Duration};
 
+use parking_lot::Mutex;
 use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::{UnixListener, UnixStream},
     sync::{mpsc, oneshot, watch},
     time::Instant,
 };
-use tokio_stream::StreamExt as _;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::CancellationToken;
 
-use super::{
-    Config, Error, ExitMode,
-    fault::{Fault, Outcome},
+use crate::{
+    config::{Config, ExitMode},
+    error::Error,
+    fault::{self, Fault, Outcome},
     record::{CallGuard, CallRecord, Recorder},
-    service::Service,
     state::State,
 };
-use crate::csi::proto::{
-    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
-};
-
-/// How long a stopping server may take to let its connections go before its
-/// task is aborted. Connections are killed at once, so this is only a guard.
-const STOP_GRACE: Duration = Duration::from_secs(2);
-
-/// Locks a mutex, ignoring poisoning: every critical section leaves the data
-/// consistent, so a panic elsewhere does not make it unusable.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// A fault rule with its call counter (for `every:`).
 #[derive(Debug)]
 struct Armed {
@@ -84,7 +61,7 @@ pub(crate) struct Shared {
     readiness: Mutex<Readiness>,
     /// Cancelled when the current server stops; every connection and hung
     /// call of that server ends with it.
-    serving: Mutex<CancellationToken>,
+    pub(crate) serving: Mutex<CancellationToken>,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -125,14 +102,16 @@ impl Shared {
 
     /// Sets (replaces) the fault of `method` (`*` for every method).
     pub(crate) fn set_fault(&self, method: &str, fault: Fault) {
-        lock(&self.faults).insert(method.to_string(), Armed { fault, calls: 0 });
+        self.faults
+            .lock()
+            .insert(method.to_string(), Armed { fault, calls: 0 });
         self.faults_changed.send_modify(|g| *g += 1);
     }
 
     /// Clears the fault of `method`, or every fault.
     pub(crate) fn clear_faults(&self, method: Option<&str>) {
         {
-            let mut faults = lock(&self.faults);
+            let mut faults = self.faults.lock();
             match method {
                 Some(m) => {
                     faults.remove(m);
@@ -145,7 +124,8 @@ impl Shared {
 
     /// The fault rules in place, as `METHOD=FAULT` text.
     pub(crate) fn faults(&self) -> Vec<String> {
-        lock(&self.faults)
+        self.faults
+            .lock()
             .iter()
             .map(|(m, a)| format!("{m}={}", a.fault))
             .collect()
@@ -154,7 +134,7 @@ impl Shared {
     /// Picks the rule for this call and counts it. `close` rules are
     /// one-shot and removed here.
     fn arm(&self, method: &str) -> Option<(Fault, u64)> {
-        let mut faults = lock(&self.faults);
+        let mut faults = self.faults.lock();
         let key = if faults.contains_key(method) {
             method
         } else if faults.contains_key("*") {
@@ -239,12 +219,12 @@ impl Shared {
 
     /// Forces Probe's answer.
     pub(crate) fn set_ready(&self, ready: bool) {
-        lock(&self.readiness).forced = Some(ready);
+        self.readiness.lock().forced = Some(ready);
     }
 
     /// Probe's answer now.
     pub(crate) fn ready(&self) -> bool {
-        let r = lock(&self.readiness);
+        let r = self.readiness.lock();
         r.forced.unwrap_or_else(|| Instant::now() >= r.ready_at)
     }
 
@@ -257,7 +237,7 @@ impl Shared {
         rec: CallRecord,
         body: impl FnOnce(&Self) -> Result<T, tonic::Status>,
     ) -> Result<tonic::Response<T>, tonic::Status> {
-        let serving = lock(&self.serving).clone();
+        let serving = self.serving.lock().clone();
         let mut guard = CallGuard::new(self.recorder.clone(), rec);
         let result = match self.apply_fault(method_of(&guard), &serving).await {
             Ok(()) => body(self),
@@ -277,7 +257,7 @@ impl Shared {
                 method = %rec.method,
                 volume = %rec.volume_id,
                 node = %rec.node_id,
-                code = super::fault::code_name(code),
+                code = fault::code_name(code),
                 message,
                 "csi call"
             );
@@ -296,202 +276,4 @@ fn injected(code: tonic::Code) -> tonic::Status {
 
 fn closed() -> tonic::Status {
     tonic::Status::unavailable("mock closed the socket")
-}
-
-// === serving ===
-
-/// Binds the endpoint, replacing a stale socket file.
-pub(crate) fn bind(path: &Path) -> Result<UnixListener, Error> {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(source) => {
-            return Err(Error::Bind {
-                path: path.to_path_buf(),
-                source,
-            });
-        }
-    }
-    UnixListener::bind(path).map_err(|source| Error::Bind {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// Serves gRPC on `listener` until `stop` is cancelled.
-async fn serve_grpc(listener: UnixListener, stop: CancellationToken, shared: Arc<Shared>) {
-    let svc = Service(shared);
-    let conn_stop = stop.clone();
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
-        .map(move |r| r.map(|io| Conn::new(io, &conn_stop)));
-    let result = tonic::transport::Server::builder()
-        .add_service(IdentityServer::new(svc.clone()))
-        .add_service(ControllerServer::new(svc.clone()))
-        .add_service(NodeServer::new(svc))
-        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-        .await;
-    if let Err(error) = result {
-        tracing::warn!(%error, "mock gRPC server ended with an error");
-    }
-}
-
-/// The serving task: owns the socket path and obeys [`Command`]s until
-/// `shutdown` is cancelled.
-pub(crate) async fn supervise(
-    shared: Arc<Shared>,
-    path: PathBuf,
-    first: UnixListener,
-    mut commands: mpsc::UnboundedReceiver<Command>,
-    shutdown: CancellationToken,
-) {
-    let mut listener = Some(first);
-    loop {
-        if let Some(l) = listener.take() {
-            let stop = CancellationToken::new();
-            *lock(&shared.serving) = stop.clone();
-            let mut server = tokio::spawn(serve_grpc(l, stop.clone(), shared.clone()));
-            tracing::debug!(path = %path.display(), "mock serving");
-            let cmd = tokio::select! {
-                cmd = commands.recv() => cmd,
-                () = shutdown.cancelled() => None,
-            };
-            stop.cancel();
-            if tokio::time::timeout(STOP_GRACE, &mut server).await.is_err() {
-                server.abort();
-            }
-            let _ = std::fs::remove_file(&path);
-            tracing::debug!(path = %path.display(), "mock stopped serving");
-            match cmd {
-                None => return,
-                // Was serving: serve again right away.
-                Some(Command::Start { ack }) => listener = start(&path, ack),
-                Some(Command::Stop { restart_after, ack }) => {
-                    if let Some(ack) = ack {
-                        let _ = ack.send(());
-                    }
-                    if let Some(d) = restart_after {
-                        tokio::select! {
-                            () = tokio::time::sleep(d) => {}
-                            () = shutdown.cancelled() => return,
-                        }
-                        match bind(&path) {
-                            Ok(l) => listener = Some(l),
-                            Err(error) => tracing::warn!(%error, "mock could not serve again"),
-                        }
-                    }
-                }
-            }
-        } else {
-            let cmd = tokio::select! {
-                cmd = commands.recv() => cmd,
-                () = shutdown.cancelled() => None,
-            };
-            match cmd {
-                None => return,
-                Some(Command::Start { ack }) => listener = start(&path, ack),
-                Some(Command::Stop { ack, .. }) => {
-                    if let Some(ack) = ack {
-                        let _ = ack.send(());
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Binds again and tells the requester how it went.
-fn start(path: &Path, ack: Option<oneshot::Sender<Result<(), Error>>>) -> Option<UnixListener> {
-    match bind(path) {
-        Ok(l) => {
-            if let Some(ack) = ack {
-                let _ = ack.send(Ok(()));
-            }
-            Some(l)
-        }
-        Err(error) => {
-            match ack {
-                Some(ack) => {
-                    let _ = ack.send(Err(error));
-                }
-                None => tracing::warn!(%error, "mock could not serve again"),
-            }
-            None
-        }
-    }
-}
-
-// === connections ===
-
-/// A served connection that dies (reads and writes fail) as soon as the
-/// server's stop token is cancelled, so "close the socket" drops every client
-/// at once instead of waiting for a graceful drain.
-struct Conn {
-    io: UnixStream,
-    stop: Pin<Box<WaitForCancellationFutureOwned>>,
-    dead: bool,
-}
-
-impl Conn {
-    fn new(io: UnixStream, stop: &CancellationToken) -> Self {
-        Self {
-            io,
-            stop: Box::pin(stop.clone().cancelled_owned()),
-            dead: false,
-        }
-    }
-
-    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        if !self.dead && self.stop.as_mut().poll(cx).is_ready() {
-            self.dead = true;
-        }
-        if self.dead {
-            Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "mock closed the socket",
-            ))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        this.check(cx)?;
-        Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        this.check(cx)?;
-        Pin::new(&mut this.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        this.check(cx)?;
-        Pin::new(&mut this.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        Pin::new(&mut this.io).poll_shutdown(cx)
-    }
-}
-
-impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = ();
-
-    fn connect_info(&self) -> Self::ConnectInfo {}
 }

@@ -10,8 +10,8 @@
 //! Run it as the `mock-csi-driver` binary, or inside a test process:
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), attacher_hub::mock::Error> {
-//! use attacher_hub::mock::{MockDriver, fault::Fault};
+//! # async fn demo() -> Result<(), mock_csi_driver::Error> {
+//! use mock_csi_driver::{MockDriver, fault::Fault};
 //! let handle = MockDriver::new("mock.csi.example.com")
 //!     .volumes(4)
 //!     .serve("/tmp/mock.sock")
@@ -22,11 +22,14 @@
 //! # Ok(()) }
 //! ```
 
+mod config;
 pub mod control;
-mod driver;
+mod error;
 pub mod fault;
 pub mod record;
+mod server;
 mod service;
+mod shared;
 pub mod state;
 
 use std::{
@@ -38,126 +41,12 @@ use std::{
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+pub use config::{Capabilities, Config, ExitMode};
+pub use error::Error;
 pub use record::CallRecord;
 pub use state::Snapshot;
 
-use driver::{Command, Shared, lock};
-
-/// Why the mock could not start or restart.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The endpoint or control socket could not be bound.
-    #[error("binding {path}")]
-    Bind {
-        /// The socket path.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The serving task is gone (the handle was shut down).
-    #[error("the mock has shut down")]
-    Gone,
-}
-
-/// Which capabilities the mock advertises (and honours).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Plugin capability CONTROLLER_SERVICE.
-    pub controller_service: bool,
-    /// PUBLISH_UNPUBLISH_VOLUME; without it ControllerPublish/Unpublish are UNIMPLEMENTED.
-    pub publish_unpublish: bool,
-    /// PUBLISH_READONLY; without it `readonly` is ignored.
-    pub publish_readonly: bool,
-    /// LIST_VOLUMES; without it ListVolumes is UNIMPLEMENTED.
-    pub list_volumes: bool,
-    /// LIST_VOLUMES_PUBLISHED_NODES; without it `published_node_ids` stay empty.
-    pub list_volumes_published_nodes: bool,
-    /// SINGLE_NODE_MULTI_WRITER (controller and node).
-    pub single_node_multi_writer: bool,
-    /// Node STAGE_UNSTAGE_VOLUME.
-    pub stage_unstage: bool,
-}
-
-impl Default for Capabilities {
-    fn default() -> Self {
-        Self {
-            controller_service: true,
-            publish_unpublish: true,
-            publish_readonly: true,
-            list_volumes: true,
-            list_volumes_published_nodes: true,
-            single_node_multi_writer: false,
-            stage_unstage: true,
-        }
-    }
-}
-
-/// What the `exit:` fault does.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ExitMode {
-    /// Stop serving for good but keep the process (the default in-process,
-    /// where exiting would end the test run).
-    #[default]
-    StopServing,
-    /// End the process with the fault's status (the binary).
-    Process,
-}
-
-/// Everything the mock is started with.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Driver name returned by GetPluginInfo.
-    pub name: String,
-    /// Vendor version returned by GetPluginInfo.
-    pub vendor_version: String,
-    /// Node ID returned by NodeGetInfo.
-    pub node_id: String,
-    /// Volumes `vol-0` … `vol-<n-1>` created at start.
-    pub volumes: usize,
-    /// Per-node volume limit (NodeGetInfo and publish); 0 means none.
-    pub max_volumes_per_node: i64,
-    /// GetCapacity's available capacity.
-    pub capacity_bytes: i64,
-    /// Advertised capabilities.
-    pub capabilities: Capabilities,
-    /// Probe answers `ready=false` for this long after start.
-    pub not_ready_for: Option<Duration>,
-    /// Faults in place at start.
-    pub faults: Vec<fault::Rule>,
-    /// Node IDs with this prefix do not exist (publish → NOT_FOUND).
-    pub missing_node_prefix: Option<String>,
-    /// What the `exit:` fault does.
-    pub exit: ExitMode,
-}
-
-impl Config {
-    /// A configuration with defaults for driver `name`.
-    pub fn new(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
-            node_id: "mock-node".to_string(),
-            volumes: 0,
-            max_volumes_per_node: 0,
-            capacity_bytes: 1 << 40,
-            capabilities: Capabilities::default(),
-            not_ready_for: None,
-            faults: Vec::new(),
-            missing_node_prefix: None,
-            exit: ExitMode::StopServing,
-        }
-    }
-
-    fn limits(&self) -> state::Limits {
-        state::Limits {
-            max_volumes_per_node: self.max_volumes_per_node,
-            missing_node_prefix: self.missing_node_prefix.clone(),
-            readonly: self.capabilities.publish_readonly,
-            single_node_multi_writer: self.capabilities.single_node_multi_writer,
-        }
-    }
-}
+use shared::{Command, Shared};
 
 /// Builder of an in-process mock driver.
 #[derive(Debug, Clone)]
@@ -233,12 +122,12 @@ impl MockDriver {
     pub async fn serve(self, path: impl AsRef<Path>) -> Result<MockHandle, Error> {
         let path = path.as_ref().to_path_buf();
         let ctl_path = control::control_path(&path);
-        let listener = driver::bind(&path)?;
-        let ctl_listener = driver::bind(&ctl_path)?;
+        let listener = server::bind(&path)?;
+        let ctl_listener = server::bind(&ctl_path)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::new(self.config, tx.clone()));
         let shutdown = CancellationToken::new();
-        let supervisor = tokio::spawn(driver::supervise(
+        let supervisor = tokio::spawn(server::supervise(
             shared.clone(),
             path.clone(),
             listener,
@@ -346,7 +235,7 @@ impl MockHandle {
 
     /// Volumes and attachments.
     pub fn state(&self) -> Snapshot {
-        lock(&self.shared.state).snapshot()
+        self.shared.state.lock().snapshot()
     }
 }
 

@@ -7,15 +7,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use attacher_hub::{
-    csi::proto::{
-        self, controller_client::ControllerClient, controller_service_capability::rpc::Type as Rpc,
-        identity_client::IdentityClient, node_client::NodeClient,
-        plugin_capability::service::Type as PluginService, volume_capability,
-        volume_capability::access_mode::Mode,
-    },
-    mock::{MockDriver, control, fault::Fault},
+use attacher_hub::csi::proto::{
+    self, controller_client::ControllerClient, controller_service_capability::rpc::Type as Rpc,
+    identity_client::IdentityClient, node_client::NodeClient,
+    plugin_capability::service::Type as PluginService, volume_capability,
+    volume_capability::access_mode::Mode,
 };
+use mock_csi_driver::{MockDriver, control, fault::Fault};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},

@@ -5,15 +5,16 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::csi::proto;
+use attacher_hub::csi::proto;
 
-use super::{fault, state::mode_name};
+use crate::{fault, state::mode_name};
 
 /// Most calls kept; older ones are dropped first. Large enough for any test
 /// or benchmark run that reads the record, small enough to bound memory of a
@@ -116,10 +117,7 @@ pub struct Recorder {
 impl Recorder {
     /// Appends a record, dropping the oldest beyond [`MAX_RECORDS`].
     pub fn push(&self, rec: CallRecord) {
-        let mut calls = self
-            .calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut calls = self.calls.lock();
         if calls.len() >= MAX_RECORDS {
             calls.pop_front();
         }
@@ -128,19 +126,12 @@ impl Recorder {
 
     /// All records, oldest first.
     pub fn all(&self) -> Vec<CallRecord> {
-        let calls = self
-            .calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        calls.iter().cloned().collect()
+        self.calls.lock().iter().cloned().collect()
     }
 
     /// Forgets every record.
     pub fn reset(&self) {
-        self.calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        self.calls.lock().clear();
     }
 }
 

@@ -1,13 +1,13 @@
 //! The CSI Identity, Controller and Node services of the mock, thin shells
-//! over [`State`](super::state::State): each records the call, applies its
+//! over [`State`](crate::state::State): each records the call, applies its
 //! fault and answers from the in-memory world.
 
 use std::{io, path::Path, sync::Arc};
 
 use tonic::{Request, Response, Status};
 
-use super::{driver::Shared, driver::lock, record::CallRecord};
-use crate::csi::proto::{
+use crate::{record::CallRecord, shared::Shared};
+use attacher_hub::csi::proto::{
     self, controller_server::Controller, controller_service_capability, identity_server::Identity,
     node_server::Node, node_service_capability, plugin_capability, volume_capability::AccessType,
 };
@@ -137,7 +137,7 @@ impl Controller for Service {
             .maps(&req.secrets, &req.parameters);
         self.0
             .call(rec, |s| {
-                let volume = lock(&s.state).create_volume(&req)?;
+                let volume = s.state.lock().create_volume(&req)?;
                 Ok(proto::CreateVolumeResponse {
                     volume: Some(volume),
                 })
@@ -155,7 +155,7 @@ impl Controller for Service {
             .maps(&req.secrets, &Default::default());
         self.0
             .call(rec, |s| {
-                lock(&s.state).delete_volume(&req.volume_id)?;
+                s.state.lock().delete_volume(&req.volume_id)?;
                 Ok(proto::DeleteVolumeResponse {})
             })
             .await
@@ -176,7 +176,7 @@ impl Controller for Service {
                 if !s.config.capabilities.publish_unpublish {
                     return Err(unimplemented("PUBLISH_UNPUBLISH_VOLUME"));
                 }
-                let ctx = lock(&s.state).publish(&req)?;
+                let ctx = s.state.lock().publish(&req)?;
                 Ok(proto::ControllerPublishVolumeResponse {
                     publish_context: ctx.into_iter().collect(),
                 })
@@ -197,7 +197,7 @@ impl Controller for Service {
                 if !s.config.capabilities.publish_unpublish {
                     return Err(unimplemented("PUBLISH_UNPUBLISH_VOLUME"));
                 }
-                lock(&s.state).unpublish(&req.volume_id, &req.node_id)?;
+                s.state.lock().unpublish(&req.volume_id, &req.node_id)?;
                 Ok(proto::ControllerUnpublishVolumeResponse {})
             })
             .await
@@ -213,7 +213,7 @@ impl Controller for Service {
             .capability(req.volume_capabilities.first())
             .maps(&req.secrets, &req.volume_context);
         self.0
-            .call(rec, |s| Ok(lock(&s.state).validate(&req)?))
+            .call(rec, |s| Ok(s.state.lock().validate(&req)?))
             .await
     }
 
@@ -228,7 +228,7 @@ impl Controller for Service {
                 if !caps.list_volumes {
                     return Err(unimplemented("LIST_VOLUMES"));
                 }
-                Ok(lock(&s.state).list(
+                Ok(s.state.lock().list(
                     req.max_entries,
                     &req.starting_token,
                     caps.list_volumes_published_nodes,
@@ -289,7 +289,7 @@ impl Controller for Service {
         let req = req.into_inner();
         let rec = CallRecord::new("ControllerGetVolume").ids(&req.volume_id, "");
         self.0
-            .call(rec, |s| Ok(lock(&s.state).get(&req.volume_id)?))
+            .call(rec, |s| Ok(s.state.lock().get(&req.volume_id)?))
             .await
     }
 }
@@ -310,7 +310,7 @@ impl Node for Service {
                 if !s.config.capabilities.stage_unstage {
                     return Err(unimplemented("STAGE_UNSTAGE_VOLUME"));
                 }
-                lock(&s.state).stage(&req)?;
+                s.state.lock().stage(&req)?;
                 Ok(proto::NodeStageVolumeResponse {})
             })
             .await
@@ -327,7 +327,9 @@ impl Node for Service {
                 if !s.config.capabilities.stage_unstage {
                     return Err(unimplemented("STAGE_UNSTAGE_VOLUME"));
                 }
-                lock(&s.state).unstage(&req.volume_id, &req.staging_target_path)?;
+                s.state
+                    .lock()
+                    .unstage(&req.volume_id, &req.staging_target_path)?;
                 Ok(proto::NodeUnstageVolumeResponse {})
             })
             .await
@@ -345,7 +347,7 @@ impl Node for Service {
         rec.readonly = req.readonly;
         self.0
             .call(rec, |s| {
-                lock(&s.state).node_publish(&req)?;
+                s.state.lock().node_publish(&req)?;
                 let block = matches!(
                     req.volume_capability
                         .as_ref()
@@ -367,7 +369,9 @@ impl Node for Service {
         let rec = CallRecord::new("NodeUnpublishVolume").ids(&req.volume_id, "");
         self.0
             .call(rec, |s| {
-                lock(&s.state).node_unpublish(&req.volume_id, &req.target_path)?;
+                s.state
+                    .lock()
+                    .node_unpublish(&req.volume_id, &req.target_path)?;
                 remove_target(Path::new(&req.target_path))
                     .map_err(|e| io_status("removing the target path", &e))?;
                 Ok(proto::NodeUnpublishVolumeResponse {})

@@ -17,7 +17,7 @@
 //! `{"result":"calls","calls":[…]}`, `{"result":"state","state":{…}}`,
 //! `{"result":"faults","faults":["Probe=hang"]}` or
 //! `{"result":"error","message":"…"}`. The fault text uses the grammar of
-//! [`fault`](super::fault).
+//! [`fault`](crate::fault).
 
 use std::{
     path::{Path, PathBuf},
@@ -34,7 +34,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{driver::Shared, driver::lock, fault::Fault, record::CallRecord, state::Snapshot};
+use crate::{fault::Fault, record::CallRecord, shared::Shared, state::Snapshot};
 
 /// Longest request line the control socket accepts, in bytes. Requests are
 /// tiny; the bound keeps a confused peer from growing memory without end.
@@ -171,7 +171,7 @@ pub(crate) fn execute(shared: &Shared, req: Request) -> Response {
             Response::Ok
         }
         Request::GetState => Response::State {
-            state: lock(&shared.state).snapshot(),
+            state: shared.state.lock().snapshot(),
         },
     }
 }
@@ -241,8 +241,8 @@ async fn session(stream: UnixStream, shared: &Shared) -> std::io::Result<()> {
 /// A typed client of the control socket.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), attacher_hub::mock::control::Error> {
-/// use attacher_hub::mock::{control::Client, fault::Fault};
+/// # async fn demo() -> Result<(), mock_csi_driver::control::Error> {
+/// use mock_csi_driver::{control::Client, fault::Fault};
 /// let mut ctl = Client::connect("/tmp/mock.sock.ctl").await?;
 /// ctl.set_fault("ControllerPublishVolume", Fault::code(tonic::Code::Unavailable)).await?;
 /// let calls = ctl.calls().await?;

@@ -4,8 +4,8 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
-use attacher_hub::mock::{Capabilities, Config, ExitMode, MockDriver, fault};
 use clap::Parser;
+use mock_csi_driver::{Capabilities, Config, ExitMode, MockDriver, fault};
 
 /// A mock CSI driver with in-memory volumes on any number of nodes,
 /// capability switches and fault injection.
