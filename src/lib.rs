@@ -25,19 +25,15 @@
 //! [`status`] is the `attacher-hub status` subcommand, a client of `/drivers`.
 
 pub mod app;
-pub mod balance;
-pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod csi;
-pub mod driver;
 pub mod http;
 pub mod hub;
 pub mod k8s;
 pub mod leader;
 pub mod metrics;
 pub mod queue;
-pub mod router;
 pub mod status;
 pub mod telemetry;

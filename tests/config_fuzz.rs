@@ -21,9 +21,9 @@ use std::{
 };
 
 use attacher_hub::{
-    budget::Limit,
     cli::{self, Args, Parsed},
     config::{self, Defaults},
+    k8s::budget::Limit,
 };
 
 /// The default seed: any fixed number gives the same inputs on every run.

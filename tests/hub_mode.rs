@@ -757,7 +757,7 @@ async fn two_replicas_split_the_drivers_and_take_over_from_a_dead_one() {
             presence
                 .get_opt(&format!(
                     "{}{h}",
-                    attacher_hub::balance::REPLICA_LEASE_PREFIX
+                    attacher_hub::leader::balance::REPLICA_LEASE_PREFIX
                 ))
                 .await
                 .unwrap()

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attacher_hub::csi::Address;
-use attacher_hub::driver::{Driver, Origin, Settings};
 use attacher_hub::hub::Registry;
+use attacher_hub::hub::driver::{Driver, Origin, Settings};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -199,10 +199,10 @@ async fn a_dead_replicas_presence_does_not_hold_back_fail_over() {
                 &PostParams::default(),
                 &Lease {
                     metadata: ObjectMeta {
-                        name: Some(attacher_hub::balance::replica_lease_name("ghost")),
+                        name: Some(attacher_hub::leader::balance::replica_lease_name("ghost")),
                         labels: Some(
                             [(
-                                attacher_hub::balance::REPLICA_LABEL.to_string(),
+                                attacher_hub::leader::balance::REPLICA_LABEL.to_string(),
                                 "true".to_string(),
                             )]
                             .into(),
@@ -601,7 +601,7 @@ fn settings(path: &str) -> Settings {
         reconcile_sync: Duration::from_secs(60),
         max_entries: 0,
         default_fstype: String::new(),
-        api_budget: attacher_hub::budget::Limit::client_go(5.0, 10),
+        api_budget: attacher_hub::k8s::budget::Limit::client_go(5.0, 10),
         leader_election: None,
         exit_on_connection_loss: false,
         save_error_code: false,

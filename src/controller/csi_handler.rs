@@ -19,8 +19,7 @@ use super::{
 };
 use crate::{
     csi::{self, Capabilities, DriverClient, PublishRequest, Secrets, UnpublishRequest},
-    k8s::{self, Writer},
-    router::Stores,
+    k8s::{self, Writer, router::Stores},
 };
 
 /// Why a sync failed. The `Display` text is exactly what external-attacher

@@ -479,8 +479,8 @@ impl HubMetrics {
     pub fn api_observer(
         &self,
         driver: &str,
-        limit: crate::budget::Limit,
-    ) -> Box<dyn crate::budget::Observer> {
+        limit: crate::k8s::budget::Limit,
+    ) -> Box<dyn crate::k8s::budget::Observer> {
         match limit.qps() {
             Some(qps) => self.api_budget_qps.with_label_values(&[driver]).set(qps),
             None => {
@@ -533,15 +533,15 @@ struct ApiObserver {
     throttled_hub: prometheus::IntCounter,
 }
 
-impl crate::budget::Observer for ApiObserver {
+impl crate::k8s::budget::Observer for ApiObserver {
     fn waited(&self, waited: std::time::Duration) {
         self.wait.observe(waited.as_secs_f64());
     }
 
-    fn throttled(&self, limiter: crate::budget::Limiter) {
+    fn throttled(&self, limiter: crate::k8s::budget::Limiter) {
         match limiter {
-            crate::budget::Limiter::Driver => self.throttled_driver.inc(),
-            crate::budget::Limiter::Hub => self.throttled_hub.inc(),
+            crate::k8s::budget::Limiter::Driver => self.throttled_driver.inc(),
+            crate::k8s::budget::Limiter::Hub => self.throttled_hub.inc(),
         }
     }
 }

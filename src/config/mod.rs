@@ -1,5 +1,5 @@
 //! Hub mode's driver list (`--config drivers.yaml`): plain `serde` types for the file, checked
-//! into one [`crate::driver::Settings`] per driver, with the command-line flags as defaults.
+//! into one [`crate::hub::driver::Settings`] per driver, with the command-line flags as defaults.
 //!
 //! Every error names the file, the line and column, and the field, e.g.
 //! `drivers.yaml:7:5: drivers[1].timeout: invalid duration "15": missing unit`.
@@ -23,11 +23,11 @@ use std::{
 use serde::{Deserialize, Deserializer, de};
 
 use crate::{
-    budget::Limit,
     cli::{self, Args, DurationError, GoDuration},
     controller::attachment,
     csi::Address,
-    driver::{LeaderSettings, Settings},
+    hub::driver::{LeaderSettings, Settings},
+    k8s::budget::Limit,
     leader,
 };
 

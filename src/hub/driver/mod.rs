@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    budget::{ApiBudget, Limit},
     controller::{
         Handler, attachment,
         csi_handler::{self, CsiHandler},
@@ -27,7 +26,10 @@ use crate::{
     },
     csi::{self, Address, CallMetrics, Capabilities, Connection, DriverClient},
     hub::Shared,
-    k8s::Writer,
+    k8s::{
+        Writer,
+        budget::{ApiBudget, Limit},
+    },
     leader::{self, AcquireGate, LeaderElector, Leadership},
     queue::Queue,
 };

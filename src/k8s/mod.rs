@@ -13,7 +13,10 @@ use kube::{
 };
 use serde_json::Value;
 
-use crate::budget::ApiBudget;
+pub mod budget;
+pub mod router;
+
+use budget::ApiBudget;
 
 /// Longest wait for a TCP connection to the API server.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

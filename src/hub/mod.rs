@@ -19,17 +19,24 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+pub mod driver;
+
 use crate::{
-    balance::{self, Balance, Presence},
-    budget::{FairCap, Limit},
     config,
     controller::attachment,
     csi::Address,
-    driver::{Driver, Origin, Settings, State},
-    http, leader,
+    http,
+    k8s::{
+        budget::{FairCap, Limit},
+        router::{self, Route, Stores},
+    },
+    leader::{
+        self,
+        balance::{self, Balance, Presence},
+    },
     metrics::{CsiOperations, HubMetrics},
-    router::{self, Route, Stores},
 };
+use driver::{Driver, Origin, Settings, State};
 
 /// How often queue gauges are refreshed.
 const GAUGE_REFRESH: Duration = Duration::from_secs(1);
@@ -557,7 +564,7 @@ pub async fn run(
         Some(ended) = critical.join_next_with_id() => {
             let (id, why) = match ended {
                 Ok((id, ())) => (id, "it returned".to_owned()),
-                Err(e) => (e.id(), if e.is_panic() { format!("it panicked: {}", crate::driver::panic_message(&*e.into_panic())) } else { "it was cancelled".to_owned() }),
+                Err(e) => (e.id(), if e.is_panic() { format!("it panicked: {}", crate::hub::driver::panic_message(&*e.into_panic())) } else { "it was cancelled".to_owned() }),
             };
             let task = names.get(&id).copied().unwrap_or("a hub task");
             tracing::error!(task, %why, "a critical task ended; stopping the drivers and exiting");
@@ -1111,7 +1118,7 @@ fn apply_lease_event(
 async fn supervised(driver: Arc<Driver>, shared: Arc<Shared>, stop: CancellationToken) {
     const RESTART_AFTER_PANIC: Duration = Duration::from_secs(5);
     loop {
-        match crate::driver::guarded(driver.clone().run(shared.clone(), stop.clone())).await {
+        match crate::hub::driver::guarded(driver.clone().run(shared.clone(), stop.clone())).await {
             Ok(()) => return,
             Err(panic) => {
                 let name = driver.name().unwrap_or_default();

@@ -49,6 +49,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+pub mod balance;
+
 /// First pause after a failed attempt to acquire (the API server did not answer); it doubles
 /// up to [`ERROR_RETRY_MAX`] (or the retry period, if shorter) while failures go on (see
 /// [`LeaderElector::acquire`]).
