@@ -34,6 +34,8 @@ pub mod hub;
 pub mod k8s;
 pub mod leader;
 pub mod metrics;
+pub mod names;
 pub mod queue;
+pub mod random;
 pub mod status;
 pub mod telemetry;

@@ -635,7 +635,7 @@ async fn a_hanging_then_crashing_driver_does_not_slow_the_others() {
 
 /// Holder of the Lease of `driver` in `ns` (`None`: no Lease or no holder).
 async fn lease_holder(leases: &Api<Lease>, driver: &str) -> Option<String> {
-    let name = attacher_hub::leader::lease_name(driver);
+    let name = attacher_hub::names::lease_name(driver);
     leases
         .get_opt(&name)
         .await
@@ -743,7 +743,7 @@ async fn two_replicas_split_the_drivers_and_take_over_from_a_dead_one() {
         started.elapsed().as_secs_f64()
     );
     for name in &all {
-        let lease = attacher_hub::leader::lease_name(name);
+        let lease = attacher_hub::names::lease_name(name);
         for d in r1.drivers().await.iter().chain(r2.drivers().await.iter()) {
             if d["name"] == name.as_str() {
                 assert_eq!(d["lease"], lease.as_str(), "{d}");
@@ -755,10 +755,7 @@ async fn two_replicas_split_the_drivers_and_take_over_from_a_dead_one() {
     for h in [&h1, &h2] {
         assert!(
             presence
-                .get_opt(&format!(
-                    "{}{h}",
-                    attacher_hub::leader::balance::REPLICA_LEASE_PREFIX
-                ))
+                .get_opt(&format!("{}{h}", attacher_hub::names::REPLICA_LEASE_PREFIX))
                 .await
                 .unwrap()
                 .is_some(),

@@ -316,7 +316,7 @@ async fn rust_and_go_external_attacher_never_both_lead() {
     let client = cluster.client().await;
     let leases: Api<Lease> = Api::namespaced(client, NAMESPACE);
     let driver = unique_driver_name("le");
-    let lease = leader::lease_name(&driver);
+    let lease = attacher_hub::names::lease_name(&driver);
     assert_eq!(
         lease,
         format!(

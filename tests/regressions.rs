@@ -199,10 +199,10 @@ async fn a_dead_replicas_presence_does_not_hold_back_fail_over() {
                 &PostParams::default(),
                 &Lease {
                     metadata: ObjectMeta {
-                        name: Some(attacher_hub::leader::balance::replica_lease_name("ghost")),
+                        name: Some(attacher_hub::names::replica_lease_name("ghost")),
                         labels: Some(
                             [(
-                                attacher_hub::leader::balance::REPLICA_LABEL.to_string(),
+                                attacher_hub::names::REPLICA_LABEL.to_string(),
                                 "true".to_string(),
                             )]
                             .into(),

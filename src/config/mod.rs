@@ -24,7 +24,6 @@ use serde::{Deserialize, Deserializer, de};
 
 use crate::{
     cli::{self, Args, DurationError, GoDuration},
-    controller::attachment,
     csi::Address,
     hub::driver::{LeaderSettings, Settings},
     k8s::budget::Limit,
@@ -829,7 +828,7 @@ fn check_unique(settings: &[Settings]) -> Result<(), (Invalid, usize)> {
         let Some(name) = s.expected_name.as_deref() else {
             continue;
         };
-        let sanitized = attachment::sanitize_driver_name(name);
+        let sanitized = crate::names::sanitize_driver_name(name);
         if let Some(&(other_index, other_name)) = names.get(&sanitized) {
             let at = format!("drivers[{i}].name");
             let (other, other_line) = (format!("drivers[{other_index}]"), 0);
@@ -845,7 +844,7 @@ fn check_unique(settings: &[Settings]) -> Result<(), (Invalid, usize)> {
                     other_name: other_name.to_owned(),
                     other,
                     other_line,
-                    finalizer: format!("{}{sanitized}", attachment::FINALIZER_PREFIX),
+                    finalizer: format!("{}{sanitized}", crate::names::FINALIZER_PREFIX),
                 }
             };
             return Err((invalid(at, problem), other_index));

@@ -17,54 +17,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Map, Value, json};
 
 use crate::csi::proto;
+use crate::names::{MIGRATED_TO_ANNOTATION, NODE_ID_ANNOTATION, finalizer_name};
 use proto::volume_capability::access_mode::Mode;
-
-/// VA annotation holding the CSI node ID used for the attach; the last-resort node-ID source for
-/// detach and reconcile (spec §3.2).
-pub const NODE_ID_ANNOTATION: &str = "csi.alpha.kubernetes.io/node-id";
-
-/// PV annotation naming the CSI driver an in-tree PV was migrated to (spec §3.2, §3.10).
-pub const MIGRATED_TO_ANNOTATION: &str = "pv.kubernetes.io/migrated-to";
-
-/// Prefix of the finalizer put on VolumeAttachments and PersistentVolumes.
-pub const FINALIZER_PREFIX: &str = "external-attacher/";
-
-/// Prefix of the leader-election Lease name, before sanitizing.
-const LEASE_PREFIX: &str = "external-attacher-leader-";
 
 /// `spec.volumeMode` value selecting a raw block capability.
 const VOLUME_MODE_BLOCK: &str = "Block";
-
-// === names ===
-
-/// Replaces every character outside `[a-zA-Z0-9-]` by `-` and appends `X` if the result ends
-/// with `-` (external-attacher's `SanitizeDriverName`). Case is kept; length is not checked.
-pub fn sanitize_driver_name(driver: &str) -> String {
-    let mut out: String = driver
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    if out.ends_with('-') {
-        out.push('X');
-    }
-    out
-}
-
-/// The finalizer this driver puts on VAs and PVs: `external-attacher/<sanitized driver>`.
-pub fn finalizer_name(driver: &str) -> String {
-    format!("{FINALIZER_PREFIX}{}", sanitize_driver_name(driver))
-}
-
-/// The leader-election Lease name: `external-attacher-leader-<driver>`, sanitized as a whole.
-pub fn lease_name(driver: &str) -> String {
-    sanitize_driver_name(&format!("{LEASE_PREFIX}{driver}"))
-}
 
 // === node ID ===
 
@@ -1609,39 +1566,6 @@ mod tests {
             message: Some(msg.into()),
             ..VolumeError::default()
         })
-    }
-
-    #[test]
-    fn driver_names_are_sanitized_into_finalizers_and_lease_names() {
-        let cases = [
-            ("hostpath.csi.k8s.io", "hostpath-csi-k8s-io"),
-            ("csi-driver.", "csi-driver-X"),
-            ("csi-driver-", "csi-driver-X"),
-            ("Foo_Bar/baz", "Foo-Bar-baz"),
-            ("plain-123", "plain-123"),
-            ("", ""),
-            ("é.x", "--x"),
-        ];
-        for (input, want) in cases {
-            assert_eq!(sanitize_driver_name(input), want, "{input}");
-        }
-        assert_eq!(
-            finalizer_name("ebs.csi.aws.com"),
-            "external-attacher/ebs-csi-aws-com"
-        );
-        assert_eq!(
-            finalizer_name("csi-driver."),
-            "external-attacher/csi-driver-X"
-        );
-        assert_eq!(
-            lease_name("hostpath.csi.k8s.io"),
-            "external-attacher-leader-hostpath-csi-k8s-io"
-        );
-        assert_eq!(
-            lease_name("csi.vsphere.vmware.com"),
-            "external-attacher-leader-csi-vsphere-vmware-com"
-        );
-        assert_eq!(lease_name("d."), "external-attacher-leader-d-X");
     }
 
     #[test]

@@ -338,7 +338,7 @@ impl CsiHandler {
     pub async fn sync_detach(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
-        let finalizer = attachment::finalizer_name(&self.driver);
+        let finalizer = crate::names::finalizer_name(&self.driver);
         let has_finalizer = va
             .metadata
             .finalizers

@@ -23,7 +23,6 @@ pub mod driver;
 
 use crate::{
     config,
-    controller::attachment,
     csi::Address,
     http,
     k8s::{
@@ -144,7 +143,7 @@ impl Registry {
             .claims
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let sanitized = attachment::sanitize_driver_name(name);
+        let sanitized = crate::names::sanitize_driver_name(name);
         if let Some(existing) = self.by_name.get(name)
             && !Arc::ptr_eq(existing.value(), driver)
         {
@@ -181,7 +180,7 @@ impl Registry {
             .is_some();
         if removed {
             self.by_sanitized
-                .remove(&attachment::sanitize_driver_name(name));
+                .remove(&crate::names::sanitize_driver_name(name));
         }
     }
 
@@ -292,7 +291,7 @@ fn finalizer_holders(pv: &PersistentVolume) -> impl Iterator<Item = &str> {
         .finalizers
         .iter()
         .flatten()
-        .filter_map(|f| f.strip_prefix(attachment::FINALIZER_PREFIX))
+        .filter_map(|f| f.strip_prefix(crate::names::FINALIZER_PREFIX))
 }
 
 /// The drivers, by sanitized name, to be told about `pv` when a VA naming it
@@ -305,7 +304,7 @@ fn finalizer_holders(pv: &PersistentVolume) -> impl Iterator<Item = &str> {
 /// deletion is the only VA event that can release a finalizer: a VA's spec
 /// (and so the PV it names) is immutable, and an added VA only keeps one.
 fn holders_to_tell<'a>(attacher: &str, pv: &'a PersistentVolume) -> Vec<&'a str> {
-    let own = attachment::sanitize_driver_name(attacher);
+    let own = crate::names::sanitize_driver_name(attacher);
     let mut holders: Vec<&str> = finalizer_holders(pv).filter(|s| *s != own).collect();
     holders.dedup();
     holders

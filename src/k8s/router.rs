@@ -284,7 +284,7 @@ impl Iterator for WatchBackoff {
     fn next(&mut self) -> Option<Duration> {
         let pause = self.next;
         self.next = (self.next * 2).min(WATCH_BACKOFF_MAX);
-        Some(pause.mul_f64(1.0 - crate::leader::random_unit() / 2.0))
+        Some(pause.mul_f64(1.0 - crate::random::random_unit() / 2.0))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Spreading driver leadership across hub replicas.
 //!
 //! Each replica keeps a presence Lease `attacher-hub-replica-<identity>`
-//! (label [`REPLICA_LABEL`]) renewed every retry period. From the live
+//! (label [`REPLICA_LABEL`](crate::names::REPLICA_LABEL)) renewed every retry period. From the live
 //! presence Leases a replica knows how many replicas share the work and so
 //! its fair share, `ceil(drivers / replicas)`. A replica at or above its share
 //! does not try to acquire more driver Leases; a replica above it hands the
@@ -26,15 +26,7 @@ use k8s_openapi::{
 use kube::{Api, api::PostParams};
 use tokio::time::Instant;
 
-/// Label on presence Leases.
-pub const REPLICA_LABEL: &str = "attacher-hub.kubernetes.io/replica";
-/// Label on presence Leases naming the replica group: replicas that serve the same driver
-/// sockets share their drivers; replicas of another group (a DaemonSet next to a Deployment,
-/// nodes with other sockets) are not counted, so no group leaves one of its drivers unled
-/// waiting for a replica that cannot serve it.
-pub const REPLICA_GROUP_LABEL: &str = "attacher-hub.kubernetes.io/replica-group";
-/// Name prefix of presence Leases.
-pub const REPLICA_LEASE_PREFIX: &str = "attacher-hub-replica-";
+use crate::names::{REPLICA_GROUP_LABEL, REPLICA_LABEL, replica_lease_name};
 
 /// Longest wait for deleting the presence Lease on shutdown.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -116,12 +108,6 @@ impl Balance {
 /// The fair share of `drivers` among `replicas` (at least one replica).
 pub fn fair_share(drivers: usize, replicas: usize) -> usize {
     drivers.div_ceil(replicas.max(1))
-}
-
-/// Name of a replica's presence Lease (lower-cased: Lease names are DNS
-/// subdomains).
-pub fn replica_lease_name(identity: &str) -> String {
-    format!("{REPLICA_LEASE_PREFIX}{}", identity.to_lowercase())
 }
 
 /// The replica group of a replica serving `sockets`: a stable hash of the sorted socket
@@ -402,10 +388,5 @@ mod tests {
         assert_ne!(group_key(["/x", "y"]), group_key(["/xy"]));
         assert_eq!(a.len(), 16, "fits a label value");
         assert_eq!(group_key([]), group_key(Vec::<&str>::new()));
-    }
-
-    #[test]
-    fn presence_lease_names_are_lower_case() {
-        assert_eq!(replica_lease_name("Node-A"), "attacher-hub-replica-node-a");
     }
 }

@@ -32,8 +32,6 @@
 //! so external-attacher's event writes fail anyway) and the `leader_election_*` metrics.
 
 use std::collections::BTreeMap;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -48,6 +46,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::names::sanitize_driver_name;
+use crate::random::random_unit;
 
 pub mod balance;
 
@@ -204,7 +205,7 @@ pub enum ConfigError {
 /// Settings of one leader elector (one Lease).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// Lease name, e.g. [`lease_name`]`(driver)`.
+    /// Lease name, e.g. [`lease_name`](crate::names::lease_name)`(driver)`.
     pub name: String,
     /// Lease namespace, e.g. from [`resolve_namespace`].
     pub namespace: String,
@@ -534,21 +535,11 @@ fn jittered(period: Duration, r: f64) -> Duration {
     period.mul_f64(1.0 + r.clamp(0.0, 1.0) * JITTER_FACTOR)
 }
 
-/// A random number in `[0, 1)` from the standard library's randomly keyed hasher; good enough
-/// to spread candidates' retries apart, which is all jitter is for.
-pub(crate) fn random_unit() -> f64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(0);
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
-pub use crate::controller::attachment::{lease_name, sanitize_driver_name as sanitize};
-
 /// The default identity: the host name (the pod name in a pod), sanitized like a driver name,
 /// as external-attacher does.
 pub fn default_identity() -> Result<String> {
     let host = hostname::get().map_err(Error::Hostname)?;
-    Ok(sanitize(&host.to_string_lossy()))
+    Ok(sanitize_driver_name(&host.to_string_lossy()))
 }
 
 /// The Lease namespace: `flag` if non-empty, else `$POD_NAMESPACE` if non-empty, else the
@@ -1120,18 +1111,6 @@ mod tests {
     }
 
     #[test]
-    fn sanitizes_like_external_attacher() {
-        assert_eq!(sanitize("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
-        assert_eq!(sanitize("node_1."), "node-1-X");
-        assert_eq!(sanitize("abc-"), "abc-X");
-        assert_eq!(sanitize("Pod-7"), "Pod-7");
-        assert_eq!(
-            lease_name("csi.vsphere.vmware.com"),
-            "external-attacher-leader-csi-vsphere-vmware-com"
-        );
-    }
-
-    #[test]
     fn default_identity_is_sanitized_host_name() {
         let id = default_identity().expect("host name");
         assert!(!id.is_empty());
@@ -1285,9 +1264,7 @@ mod tests {
         assert_eq!(jittered(p, 0.0), p);
         assert_eq!(jittered(p, 1.0), Duration::from_secs(11));
         for _ in 0..100 {
-            let r = random_unit();
-            assert!((0.0..1.0).contains(&r));
-            let j = jittered(p, r);
+            let j = jittered(p, random_unit());
             assert!(j >= p && j < Duration::from_secs(11));
         }
     }

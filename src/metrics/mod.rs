@@ -434,7 +434,7 @@ impl HubMetrics {
 
     /// Sets `leader_election_master_status` of a driver's Lease.
     pub fn set_leader(&self, driver: &str, leading: bool) {
-        let lease = crate::controller::attachment::lease_name(driver);
+        let lease = crate::names::lease_name(driver);
         self.leader
             .with_label_values(&[lease.as_str(), driver])
             .set(if leading { 1.0 } else { 0.0 });

@@ -31,13 +31,10 @@ use crate::{
         budget::{ApiBudget, Limit},
     },
     leader::{self, AcquireGate, LeaderElector, Leadership},
+    names::{PV_QUEUE_NAME, VA_QUEUE_NAME},
     queue::Queue,
 };
 
-/// Name of the VolumeAttachment queues (the `name` label of `workqueue_*`).
-pub const VA_QUEUE_NAME: &str = "csi-attacher-va";
-/// Name of the PersistentVolume queue.
-pub const PV_QUEUE_NAME: &str = "csi-attacher-pv";
 /// First pause after a failed start-up step of a driver.
 const RESTART_BACKOFF_START: Duration = Duration::from_secs(1);
 /// Longest pause between start-up attempts of a failing driver.
@@ -492,7 +489,7 @@ impl Driver {
                 (rx, None)
             }
             Some(le) => {
-                let lease = leader::lease_name(name);
+                let lease = crate::names::lease_name(name);
                 write(&self.info).lease = Some(lease.clone());
                 let config_name = lease.clone();
                 let config = leader::Config {
@@ -592,7 +589,7 @@ impl Driver {
             }
         }
         shared.leader_status.remove(name);
-        shared.lease_feeds.remove(&leader::lease_name(name));
+        shared.lease_feeds.remove(&crate::names::lease_name(name));
         shared.metrics.set_leader(name, false);
         if matches!(term, Term::HandedOver) {
             write(&self.info).lease_holder = None;
