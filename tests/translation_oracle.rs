@@ -5,7 +5,7 @@
 //! pod inline volumes. The Go tool `translation-oracle` (tools/testbins/csi, built by
 //! `tools/testbins/build.sh` with the csi-translation-lib version of the reference
 //! external-attacher) does with each what external-attacher v4.12.0 does; this test does the
-//! same through `attachment::volume_source` and `csi_handler::repair_volume_handle`, and
+//! same through `source::volume_source` and `translation::repair_volume_handle`, and
 //! compares, byte for byte: driver, volume handle, readOnly, fsType, volume attributes, the
 //! five secret references, access modes, volume mode, mount options, the two "migrated"
 //! flags, the reconciler's repaired handle, and the error text.
@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use attacher_hub::controller::{attachment, csi_handler};
+use attacher_hub::controller::{source, translation};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, SecretReference};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use serde_json::{Value, json};
@@ -213,7 +213,7 @@ fn rust_answer(input: &Value, go: &Value) -> Option<Value> {
         va.spec.source.inline_volume_spec = Some(spec(json, input));
     }
     let case = input["case"].clone();
-    let volume = match attachment::volume_source(&va, |_| pv.as_ref()) {
+    let volume = match source::volume_source(&va, |_| pv.as_ref()) {
         Ok(volume) => volume,
         Err(e) => return Some(json!({"case": case, "error": e.to_string()})),
     };
@@ -242,7 +242,7 @@ fn rust_answer(input: &Value, go: &Value) -> Option<Value> {
     if let Some(node_id) = input.get("nodeID").and_then(Value::as_str)
         && volume.repairs_handle()
     {
-        let handle = csi_handler::repair_volume_handle(&csi.driver, &csi.volume_handle, node_id);
+        let handle = translation::repair_volume_handle(&csi.driver, &csi.volume_handle, node_id);
         answer["repair"] = json!({ "handle": handle });
     }
     Some(answer)

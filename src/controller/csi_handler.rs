@@ -14,82 +14,15 @@ use k8s_openapi::{
 };
 
 use super::{
-    Synced,
-    attachment::{self, Source},
+    capability, error, node_id, patches,
+    source::{self, Source},
+    sync::{Error, Synced},
+    translation::repair_volume_handle,
 };
 use crate::{
     csi::{self, Capabilities, DriverClient, PublishRequest, Secrets, UnpublishRequest},
     k8s::{self, Writer, router::Stores},
 };
-
-/// Why a sync failed. The `Display` text is exactly what external-attacher
-/// saves in `attachError.message` / `detachError.message`.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The volume could not be resolved (source, PV, translation, capability).
-    #[error(transparent)]
-    Volume(#[from] attachment::Error),
-    /// No CSI node ID for the node.
-    #[error(transparent)]
-    NodeId(#[from] attachment::NodeIdError),
-    /// Adding the PV finalizer failed.
-    #[error("could not add PersistentVolume finalizer: {0}")]
-    PvFinalizer(String),
-    /// Reading the publish secret failed.
-    #[error("failed to load secret \"{namespace}/{name}\": {message}")]
-    Secret {
-        /// Secret namespace.
-        namespace: String,
-        /// Secret name.
-        name: String,
-        /// The API error text.
-        message: String,
-    },
-    /// Saving the finalizer and node-ID annotation on the VA failed.
-    #[error("could not save VolumeAttachment: {0}")]
-    SaveVa(String),
-    /// The CSI call failed.
-    #[error(transparent)]
-    Csi(#[from] csi::CallError),
-    /// Writing `attached: true` failed.
-    #[error("failed to mark as attached: {0}")]
-    MarkAttached(String),
-    /// Removing the finalizer or writing `attached: false` failed.
-    #[error("could not mark as detached: {0}")]
-    MarkDetached(String),
-    /// Removing the PV finalizer failed.
-    #[error("failed to remove finalizer from PersistentVolume: {0}")]
-    RemovePvFinalizer(String),
-    /// Writing the status of the trivial handler failed.
-    #[error("failed to mark as attached: {0}")]
-    Trivial(String),
-}
-
-impl Error {
-    /// The gRPC code to save as `attachError.errorCode` (CSI errors only).
-    pub fn grpc_code(&self) -> Option<i32> {
-        match self {
-            Self::Csi(e) => Some(e.code() as i32),
-            _ => None,
-        }
-    }
-
-    /// A bounded label for metrics and logs.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Volume(e) => e.metric_label(),
-            Self::NodeId(_) => "node_id",
-            Self::PvFinalizer(_) => "pv_finalizer",
-            Self::Secret { .. } => "secret",
-            Self::SaveVa(_) => "save_va",
-            Self::Csi(_) => "csi",
-            Self::MarkAttached(_) => "mark_attached",
-            Self::MarkDetached(_) => "mark_detached",
-            Self::RemovePvFinalizer(_) => "remove_pv_finalizer",
-            Self::Trivial(_) => "trivial",
-        }
-    }
-}
 
 /// Settings of the CSI handler.
 #[derive(Clone, Debug)]
@@ -210,7 +143,7 @@ impl CsiHandler {
         match self.csi_attach(va).await {
             Ok(context) => {
                 let context: BTreeMap<String, String> = context.into_iter().collect();
-                let mut patch = attachment::attached_status_patch(va, &context);
+                let mut patch = patches::attached_status_patch(va, &context);
                 // The cached copy may not show an attach error we saved on an
                 // earlier try yet; clear it in any case (external-attacher's
                 // result: no attachError on an attached VA).
@@ -241,7 +174,7 @@ impl CsiHandler {
                 } else {
                     None
                 };
-                let patch = attachment::attach_error_patch(&error.to_string(), &now(), code);
+                let patch = patches::attach_error_patch(&error.to_string(), &now(), code);
                 if let Err(e) = self.writer.merge_va_status(&name, &patch).await {
                     tracing::warn!(error = %k8s::error_text(&e), "could not save attach error");
                 }
@@ -251,35 +184,35 @@ impl CsiHandler {
     }
 
     async fn csi_attach(&self, va: &VolumeAttachment) -> Result<HashMap<String, String>, Error> {
-        let volume = match attachment::va_source(va)? {
+        let volume = match source::va_source(va)? {
             Source::PersistentVolume(pv_name) => {
                 let pv = self
                     .stores
                     .pv(pv_name)
-                    .ok_or_else(|| attachment::Error::PvNotFound {
+                    .ok_or_else(|| error::Error::PvNotFound {
                         name: pv_name.to_string(),
                     })?;
-                attachment::check_pv_attachable(&pv)?;
+                source::check_pv_attachable(&pv)?;
                 self.ensure_pv_finalizer(&pv).await?;
-                attachment::pv_volume(&pv)?
+                source::pv_volume(&pv)?
             }
-            Source::Inline(spec) => attachment::Volume::inline(spec.clone()),
+            Source::Inline(spec) => source::Volume::inline(spec.clone()),
         };
         let csi_source = volume.csi()?;
-        let capability = attachment::volume_capability(
+        let capability = capability::volume_capability(
             &volume.spec,
             &self.config.default_fstype,
             self.caps.single_node_multi_writer,
         )?;
-        let readonly = attachment::readonly(csi_source, self.caps.publish_readonly);
+        let readonly = capability::readonly(csi_source, self.caps.publish_readonly);
         let secrets = self
             .secrets(csi_source.controller_publish_secret_ref.as_ref())
             .await?;
         let node_name = &va.spec.node_name;
         let csinode = self.stores.csinode(node_name);
-        let node_id = attachment::node_id(&self.driver, node_name, csinode.as_deref(), None)?;
+        let node_id = node_id::node_id(&self.driver, node_name, csinode.as_deref(), None)?;
 
-        if let Some(patch) = attachment::va_metadata_patch(va, &self.driver, &node_id) {
+        if let Some(patch) = patches::va_metadata_patch(va, &self.driver, &node_id) {
             let name = va.metadata.name.as_deref().unwrap_or_default();
             self.writer
                 .merge_va(name, &patch)
@@ -306,7 +239,7 @@ impl CsiHandler {
     }
 
     async fn ensure_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), Error> {
-        let Some(patch) = attachment::pv_finalizer_add_patch(pv, &self.driver) else {
+        let Some(patch) = patches::pv_finalizer_add_patch(pv, &self.driver) else {
             return Ok(());
         };
         let name = pv.metadata.name.as_deref().unwrap_or_default();
@@ -353,7 +286,7 @@ impl CsiHandler {
             Err(e) => Err(e),
         };
         if let Err(error) = &result {
-            let patch = attachment::detach_error_patch(&error.to_string(), &now());
+            let patch = patches::detach_error_patch(&error.to_string(), &now());
             if let Err(e) = self.writer.merge_va_status(&name, &patch).await
                 && !k8s::is_not_found(&e)
             {
@@ -366,14 +299,14 @@ impl CsiHandler {
     }
 
     async fn csi_detach(&self, va: &VolumeAttachment) -> Result<(), Error> {
-        let volume = attachment::volume_source(va, |n| self.stores.pv(n))?;
+        let volume = source::volume_source(va, |n| self.stores.pv(n))?;
         let csi_source = volume.csi()?;
         let secrets = self
             .secrets(csi_source.controller_publish_secret_ref.as_ref())
             .await?;
         let node_name = &va.spec.node_name;
         let csinode = self.stores.csinode(node_name);
-        let node_id = attachment::node_id(&self.driver, node_name, csinode.as_deref(), Some(va))?;
+        let node_id = node_id::node_id(&self.driver, node_name, csinode.as_deref(), Some(va))?;
         let request = UnpublishRequest {
             volume_id: csi_source.volume_handle.clone(),
             node_id,
@@ -387,13 +320,13 @@ impl CsiHandler {
     /// `markAsDetached`: our finalizer first, then the status (spec 3.6 step 5).
     async fn mark_as_detached(&self, va: &VolumeAttachment) -> Result<(), Error> {
         let name = va.metadata.name.as_deref().unwrap_or_default();
-        if let Some(patch) = attachment::va_finalizer_removal_patch(va, &self.driver) {
+        if let Some(patch) = patches::va_finalizer_removal_patch(va, &self.driver) {
             let written = self
                 .writer
                 .merge_va(name, &patch)
                 .await
                 .map_err(|e| Error::MarkDetached(k8s::error_text(&e)))?;
-            if attachment::deleted_by_finalizer_removal(&written) {
+            if patches::deleted_by_finalizer_removal(&written) {
                 // The API server removed the object with its last finalizer: a status
                 // patch now could only answer 404 (Go sends it anyway; the objects and CSI
                 // calls are the same without it, and the detach costs one write, not two).
@@ -401,7 +334,7 @@ impl CsiHandler {
                 return Ok(());
             }
         }
-        if let Some(patch) = attachment::detached_status_patch(va) {
+        if let Some(patch) = patches::detached_status_patch(va) {
             match self.writer.merge_va_status(name, &patch).await {
                 Ok(_) => {}
                 Err(e) if k8s::is_not_found(&e) => {}
@@ -417,7 +350,7 @@ impl CsiHandler {
     pub async fn sync_pv(&self, pv: &PersistentVolume) -> Result<(), Error> {
         let vas = self.stores.vas.state();
         let Some(index) =
-            attachment::pv_needs_finalizer_removal(pv, &self.driver, vas.iter().map(|v| &**v))
+            patches::pv_needs_finalizer_removal(pv, &self.driver, vas.iter().map(|v| &**v))
         else {
             return Ok(());
         };
@@ -425,7 +358,7 @@ impl CsiHandler {
         self.writer
             .json_patch_pv(
                 name,
-                attachment::pv_finalizer_removal_patch(index, &self.driver),
+                patches::pv_finalizer_removal_patch(index, &self.driver),
             )
             .await
             .map_err(|e| Error::RemovePvFinalizer(k8s::error_text(&e)))?;
@@ -453,11 +386,11 @@ impl CsiHandler {
             let node_name = &va.spec.node_name;
             let csinode = self.stores.csinode(node_name);
             let Ok(node_id) =
-                attachment::node_id(&self.driver, node_name, csinode.as_deref(), Some(va))
+                node_id::node_id(&self.driver, node_name, csinode.as_deref(), Some(va))
             else {
                 continue;
             };
-            let Ok(volume) = attachment::volume_source(va, |n| self.stores.pv(n)) else {
+            let Ok(volume) = source::volume_source(va, |n| self.stores.pv(n)) else {
                 continue;
             };
             let Ok(csi_source) = volume.csi() else {
@@ -511,48 +444,6 @@ fn compare_resource_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
     Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
 }
 
-/// csi-translation-lib's `RepairVolumeHandle` as the reconciler uses it for
-/// in-tree PVs and inline volumes, with `driver` = the CSI source's driver:
-/// `None` (the reconciler skips the VA) for drivers that are not migration
-/// targets and where the library fails; GCE PD fills an `UNSPECIFIED` project
-/// from the node ID, and an `UNSPECIFIED` zone from the node's zone (or an
-/// `UNSPECIFIED` region from the region of the node's zone); every other
-/// migration driver keeps the handle. Checked against the library by
-/// `tests/translation_oracle.rs`.
-pub fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Option<String> {
-    const GCE_PD: &str = "pd.csi.storage.gke.io";
-    const UNSPECIFIED: &str = "UNSPECIFIED";
-    if !attachment::is_migration_driver(driver) {
-        return None;
-    }
-    if driver != GCE_PD {
-        return Some(handle.to_string());
-    }
-    // projects/<project>/{zones|regions}/<location>/disks/<name>
-    let tok: Vec<&str> = handle.split('/').collect();
-    if tok.len() < 6 {
-        return None;
-    }
-    if tok[1] != UNSPECIFIED {
-        return Some(handle.to_string());
-    }
-    // projects/<project>/zones/<zone>/instances/<name>
-    let node: Vec<&str> = node_id.split('/').collect();
-    if node.len() < 6 {
-        return None;
-    }
-    let location = match tok[2] {
-        "zones" if tok[3] == UNSPECIFIED => node[3].to_owned(),
-        "regions" if tok[3] == UNSPECIFIED => attachment::gce_region_from_zones(&[node[3]]).ok()?,
-        "zones" | "regions" => tok[3].to_owned(),
-        _ => return None,
-    };
-    Some(format!(
-        "projects/{}/{}/{location}/disks/{}",
-        node[1], tok[2], tok[5]
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -566,83 +457,5 @@ mod tests {
         assert_eq!(compare_resource_versions("abc", "100"), None);
         assert_eq!(compare_resource_versions("", "100"), None);
         assert_eq!(compare_resource_versions("0100", "100"), None);
-    }
-
-    #[test]
-    fn gce_pd_handles_get_project_and_zone_from_the_node() {
-        let node = "projects/p1/zones/us-central1-a/instances/n1";
-        assert_eq!(
-            repair_volume_handle(
-                "pd.csi.storage.gke.io",
-                "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d",
-                node
-            )
-            .as_deref(),
-            Some("projects/p1/zones/us-central1-a/disks/d")
-        );
-        assert_eq!(
-            repair_volume_handle(
-                "pd.csi.storage.gke.io",
-                "projects/UNSPECIFIED/regions/us-central1/disks/d",
-                node
-            )
-            .as_deref(),
-            Some("projects/p1/regions/us-central1/disks/d")
-        );
-        assert_eq!(
-            repair_volume_handle("pd.csi.storage.gke.io", "projects/p2/zones/z/disks/d", node)
-                .as_deref(),
-            Some("projects/p2/zones/z/disks/d")
-        );
-    }
-
-    #[test]
-    fn gce_pd_regions_come_from_the_node_zone_and_set_projects_need_no_node() {
-        const GCE: &str = "pd.csi.storage.gke.io";
-        let node = "projects/p1/zones/us-central1-a/instances/n1";
-        // An UNSPECIFIED region is the region of the node's zone (csi-translation-lib).
-        assert_eq!(
-            repair_volume_handle(
-                GCE,
-                "projects/UNSPECIFIED/regions/UNSPECIFIED/disks/d",
-                node
-            )
-            .as_deref(),
-            Some("projects/p1/regions/us-central1/disks/d")
-        );
-        // ... and the VA is skipped when the node's zone has no region.
-        let odd_node = "projects/p1/zones/zone/instances/n1";
-        assert_eq!(
-            repair_volume_handle(
-                GCE,
-                "projects/UNSPECIFIED/regions/UNSPECIFIED/disks/d",
-                odd_node
-            ),
-            None
-        );
-        // A handle with a project is kept whatever the node ID.
-        assert_eq!(
-            repair_volume_handle(GCE, "projects/p2/zones/z/disks/d", "").as_deref(),
-            Some("projects/p2/zones/z/disks/d")
-        );
-        for bad in [
-            "projects/UNSPECIFIED/other/x/disks/d",
-            "projects/UNSPECIFIED/zones",
-        ] {
-            assert_eq!(repair_volume_handle(GCE, bad, node), None, "{bad}");
-        }
-        assert_eq!(
-            repair_volume_handle(GCE, "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d", "n1"),
-            None
-        );
-    }
-
-    #[test]
-    fn other_migration_drivers_keep_the_handle_and_non_migration_drivers_are_skipped() {
-        assert_eq!(
-            repair_volume_handle("ebs.csi.aws.com", "vol-1", "i-1").as_deref(),
-            Some("vol-1")
-        );
-        assert_eq!(repair_volume_handle("hostpath.csi.k8s.io", "v", "n"), None);
     }
 }

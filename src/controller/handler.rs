@@ -3,22 +3,11 @@
 use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
 
 use super::{
-    csi_handler::{CsiHandler, Error},
+    csi_handler::CsiHandler,
+    sync::{Error, Synced},
     trivial_handler::TrivialHandler,
 };
 use crate::csi;
-
-/// What a successful sync did, so that end-to-end latency is observed once per attach or
-/// detach, never for a sync that found nothing to do (a resync, the echo of our own write).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Synced {
-    /// This sync marked the VA attached.
-    Attached,
-    /// This sync detached the volume (ControllerUnpublish succeeded, finalizer removed).
-    Detached,
-    /// Nothing needed doing.
-    Unchanged,
-}
 
 /// CSI handler for drivers that attach, trivial handler for the others.
 #[derive(Debug)]

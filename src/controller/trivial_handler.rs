@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
-use super::{Synced, csi_handler::Error};
+use super::sync::{Error, Synced};
 use crate::k8s::{self, Writer};
 
 /// Marks VAs attached without calling the driver.

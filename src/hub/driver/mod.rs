@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use crate::{
     controller::{
-        Handler, attachment,
+        Handler,
         csi_handler::{self, CsiHandler},
         predicate::should_enqueue_va_change,
         trivial_handler::TrivialHandler,
@@ -318,7 +318,7 @@ impl Driver {
         if self.handler().is_none() {
             return;
         }
-        if attachment::should_enqueue_pv(pv, driver)
+        if crate::controller::patches::should_enqueue_pv(pv, driver)
             && let Some(name) = pv.metadata.name.as_deref()
         {
             self.pv_queue.add(name);
@@ -402,9 +402,10 @@ impl Driver {
                 self.settings.address
             ));
         }
-        client
-            .metrics_mut()
-            .set_driver(&name, attachment::is_migration_driver(&name));
+        client.metrics_mut().set_driver(
+            &name,
+            crate::controller::translation::is_migration_driver(&name),
+        );
         let caps = match csi::probe::capabilities(&client).await {
             Ok(c) => c,
             Err(e) => return Outcome::Failed(format!("capability detection failed: {e}")),

@@ -1,0 +1,462 @@
+//! What Go's `net/url.Parse` does with the `aws://…` EBS volume IDs, to get the same path and
+//! the same error texts as csi-translation-lib (which wraps them as `Invalid disk name`).
+//! Go 1.26 `net/url` and `net/netip` are the reference; only the parts an `aws://` URL reaches
+//! are here (scheme `aws`, so the `http(s)`-only colon rule does not apply).
+
+/// The decoded path of `raw` (which starts with `aws://`), or the text of Go's `*url.Error`.
+pub(crate) fn parse_path(raw: &str) -> Result<String, String> {
+    // Parse cuts the fragment off first and checks it only after the rest parsed.
+    let (url, fragment) = raw
+        .split_once('#')
+        .map_or((raw, None), |(u, f)| (u, Some(f)));
+    let path = parse(url).map_err(|e| url_error(url, &e))?;
+    if let Some(fragment) = fragment.filter(|f| !f.is_empty()) {
+        unescape(fragment.as_bytes(), Mode::Other).map_err(|e| url_error(raw, &e))?;
+    }
+    Ok(path)
+}
+
+/// `*url.Error`'s text: `parse "<url>": <err>`.
+fn url_error(url: &str, err: &str) -> String {
+    format!("parse {}: {err}", quote(url.as_bytes()))
+}
+
+fn parse(url: &str) -> Result<String, String> {
+    if url.bytes().any(|b| b < b' ' || b == 0x7f) {
+        return Err("net/url: invalid control character in URL".to_owned());
+    }
+    // The scheme is `aws`; what follows the `:` starts with `//`.
+    let rest = &url["aws:".len()..];
+    let rest = if rest.ends_with('?') && rest.matches('?').count() == 1 {
+        &rest[..rest.len() - 1]
+    } else {
+        rest.split_once('?').map_or(rest, |(r, _)| r)
+    };
+    let after = &rest[2..];
+    let (authority, path) = after
+        .find('/')
+        .map_or((after, ""), |i| (&after[..i], &after[i..]));
+    parse_authority(authority)?;
+    let path = unescape(path.as_bytes(), Mode::Other)?;
+    Ok(go_string(&path))
+}
+
+fn parse_authority(authority: &str) -> Result<(), String> {
+    let at = authority.rfind('@');
+    parse_host(at.map_or(authority, |i| &authority[i + 1..]))?;
+    let Some(i) = at else { return Ok(()) };
+    let userinfo = &authority[..i];
+    let valid = userinfo.chars().all(|c| {
+        c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                '-' | '.'
+                    | '_'
+                    | ':'
+                    | '~'
+                    | '!'
+                    | '$'
+                    | '&'
+                    | '\''
+                    | '('
+                    | ')'
+                    | '*'
+                    | '+'
+                    | ','
+                    | ';'
+                    | '='
+                    | '%'
+                    | '@'
+            )
+    });
+    if !valid {
+        return Err("net/url: invalid userinfo".to_owned());
+    }
+    let (user, password) = userinfo
+        .split_once(':')
+        .map_or((userinfo, None), |(u, p)| (u, Some(p)));
+    unescape(user.as_bytes(), Mode::Other)?;
+    if let Some(password) = password {
+        unescape(password.as_bytes(), Mode::Other)?;
+    }
+    Ok(())
+}
+
+fn parse_host(host: &str) -> Result<(), String> {
+    match host.rfind('[') {
+        Some(i) if i > 0 => Err("invalid IP-literal".to_owned()),
+        Some(_) => {
+            let close = host.rfind(']').ok_or("missing ']' in host")?;
+            let colon_port = &host[close + 1..];
+            if !valid_optional_port(colon_port) {
+                return Err(format!(
+                    "invalid port {} after host",
+                    quote(colon_port.as_bytes())
+                ));
+            }
+            // Before the `]`: an IPv6 address, maybe with a `%25`-introduced zone.
+            let name = &host[1..close];
+            let unescaped = match name.find("%25") {
+                Some(z) => {
+                    let mut all = unescape(&name.as_bytes()[..z], Mode::Host)?;
+                    all.extend(unescape(&name.as_bytes()[z..], Mode::Zone)?);
+                    all
+                }
+                None => unescape(name.as_bytes(), Mode::Host)?,
+            };
+            match netip_parse(&unescaped) {
+                Err(e) => Err(format!("invalid host: {e}")),
+                Ok(IpKind::V4) => Err("invalid IP-literal".to_owned()),
+                Ok(IpKind::V6) => Ok(()),
+            }
+        }
+        None => {
+            // Not http(s): the port starts at the last colon.
+            if let Some(i) = host.rfind(':')
+                && !valid_optional_port(&host[i..])
+            {
+                return Err(format!(
+                    "invalid port {} after host",
+                    quote(&host.as_bytes()[i..])
+                ));
+            }
+            unescape(host.as_bytes(), Mode::Host).map(drop)
+        }
+    }
+}
+
+fn valid_optional_port(port: &str) -> bool {
+    port.is_empty()
+        || port
+            .strip_prefix(':')
+            .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Host,
+    Zone,
+    /// Path, userinfo and fragment: only `%` escapes are checked.
+    Other,
+}
+
+/// Bytes Go leaves unescaped in a host (`shouldEscape(c, encodeHost)` is false).
+fn host_byte_ok(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!$&'()*+,;=:[]<>\"-_.~".contains(&c)
+}
+
+/// Go's `unescape`: checks every `%XY`, and in a host every plain ASCII byte; then decodes.
+fn unescape(s: &[u8], mode: Mode) -> Result<Vec<u8>, String> {
+    let escape_error = |e: &[u8]| format!("invalid URL escape {}", quote(e));
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'%' => {
+                if i + 2 >= s.len()
+                    || !s[i + 1].is_ascii_hexdigit()
+                    || !s[i + 2].is_ascii_hexdigit()
+                {
+                    return Err(escape_error(&s[i..(i + 3).min(s.len())]));
+                }
+                let seq = &s[i..i + 3];
+                if mode == Mode::Host && unhex(s[i + 1]) < 8 && seq != b"%25" {
+                    return Err(escape_error(seq));
+                }
+                if mode == Mode::Zone {
+                    let v = unhex(s[i + 1]) << 4 | unhex(s[i + 2]);
+                    if seq != b"%25" && v != b' ' && !host_byte_ok(v) {
+                        return Err(escape_error(seq));
+                    }
+                }
+                i += 3;
+            }
+            c => {
+                if matches!(mode, Mode::Host | Mode::Zone) && c < 0x80 && !host_byte_ok(c) {
+                    return Err(format!(
+                        "invalid character {} in host name",
+                        quote(&s[i..=i])
+                    ));
+                }
+                i += 1;
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%' {
+            out.push(unhex(s[i + 1]) << 4 | unhex(s[i + 2]));
+            i += 3;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn unhex(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        _ => c - b'A' + 10,
+    }
+}
+
+/// Bytes as Go shows a string in JSON: invalid UTF-8 bytes each become U+FFFD (a `%`-decoded
+/// path may hold any byte).
+fn go_string(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        match std::str::from_utf8(rest) {
+            Ok(s) => {
+                out.push_str(s);
+                break;
+            }
+            Err(e) => {
+                let (valid, after) = rest.split_at(e.valid_up_to());
+                out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                out.push(char::REPLACEMENT_CHARACTER);
+                rest = &after[1..];
+            }
+        }
+    }
+    out
+}
+
+/// Go's `strconv.Quote` (and `%q`). Non-ASCII runes count as printable unless they are
+/// control, space-like or format characters; exact for ASCII, which is what IDs hold.
+pub(crate) fn quote(bytes: &[u8]) -> String {
+    let mut out = String::from("\"");
+    let mut rest = bytes;
+    while let Some(&first) = rest.first() {
+        let (c, len) = match std::str::from_utf8(&rest[..utf8_len(first).min(rest.len())]) {
+            Ok(s) if first >= 0x80 => (s.chars().next(), s.len()),
+            _ => (None, 1),
+        };
+        match c {
+            None if first < 0x80 => match first {
+                b'"' => out.push_str("\\\""),
+                b'\\' => out.push_str("\\\\"),
+                0x07 => out.push_str("\\a"),
+                0x08 => out.push_str("\\b"),
+                0x0c => out.push_str("\\f"),
+                b'\n' => out.push_str("\\n"),
+                b'\r' => out.push_str("\\r"),
+                b'\t' => out.push_str("\\t"),
+                0x0b => out.push_str("\\v"),
+                b' '..=b'~' => out.push(first as char),
+                _ => out.push_str(&format!("\\x{first:02x}")),
+            },
+            None => out.push_str(&format!("\\x{first:02x}")),
+            Some(c) if printable(c) => out.push(c),
+            Some(c) if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            Some(c) => out.push_str(&format!("\\U{:08x}", c as u32)),
+        }
+        rest = &rest[len..];
+    }
+    out.push('"');
+    out
+}
+
+fn utf8_len(first: u8) -> usize {
+    match first {
+        0xc0..=0xdf => 2,
+        0xe0..=0xef => 3,
+        0xf0..=0xf7 => 4,
+        _ => 1,
+    }
+}
+
+/// Go's `unicode.IsPrint` for non-ASCII runes, without the tables: false for control
+/// (Cc), space (Z*), the common format (Cf) and the private-use characters.
+fn printable(c: char) -> bool {
+    let u = c as u32;
+    !(c.is_control()
+        || c.is_whitespace()
+        || matches!(u, 0xad | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x180e)
+        || matches!(u, 0x200b..=0x200f | 0x202a..=0x202e | 0x2060..=0x206f)
+        || matches!(u, 0xfeff | 0xfff9..=0xfffb | 0xe000..=0xf8ff | 0xf0000..)
+        || u == 0xa0)
+}
+
+enum IpKind {
+    V4,
+    V6,
+}
+
+/// Go's `netip.ParseAddr`: which kind of address `s` is, or the error text.
+fn netip_parse(s: &[u8]) -> Result<IpKind, String> {
+    let error = |msg: &str, at: Option<&[u8]>| match at.filter(|a| !a.is_empty()) {
+        Some(at) => format!("ParseAddr({}): {msg} (at {})", quote(s), quote(at)),
+        None => format!("ParseAddr({}): {msg}", quote(s)),
+    };
+    for &c in s {
+        match c {
+            b'.' => {
+                return ipv4_fields(s, s, &mut [0; 4])
+                    .map(|()| IpKind::V4)
+                    .map_err(|(m, at)| error(m, at));
+            }
+            b':' => {
+                return parse_ipv6(s)
+                    .map(|()| IpKind::V6)
+                    .map_err(|(m, at)| error(m, at));
+            }
+            b'%' => return Err(error("missing IPv6 address", None)),
+            _ => {}
+        }
+    }
+    Err(error("unable to parse IP", None))
+}
+
+type AddrError<'a> = (&'static str, Option<&'a [u8]>);
+
+/// `parseIPv4Fields` over `s` (a part of the whole input).
+fn ipv4_fields<'a>(_whole: &[u8], s: &'a [u8], fields: &mut [u8]) -> Result<(), AddrError<'a>> {
+    let (mut val, mut pos, mut digits) = (0u32, 0usize, 0usize);
+    for i in 0..s.len() {
+        let c = s[i];
+        if c.is_ascii_digit() {
+            if digits == 1 && val == 0 {
+                return Err(("IPv4 field has octet with leading zero", None));
+            }
+            val = val * 10 + u32::from(c - b'0');
+            digits += 1;
+            if val > 255 {
+                return Err(("IPv4 field has value >255", None));
+            }
+        } else if c == b'.' {
+            if i == 0 || i == s.len() - 1 || s[i - 1] == b'.' {
+                return Err(("IPv4 field must have at least one digit", Some(&s[i..])));
+            }
+            if pos == 3 {
+                return Err(("IPv4 address too long", None));
+            }
+            fields[pos] = val as u8;
+            pos += 1;
+            val = 0;
+            digits = 0;
+        } else {
+            return Err(("unexpected character", Some(&s[i..])));
+        }
+    }
+    if pos < 3 {
+        return Err(("IPv4 address too short", None));
+    }
+    fields[3] = val as u8;
+    Ok(())
+}
+
+/// `parseIPv6`: only whether it parses (the address itself is not needed).
+fn parse_ipv6(input: &[u8]) -> Result<(), AddrError<'_>> {
+    let mut s = input;
+    let mut zone: &[u8] = &[];
+    if let Some(i) = s.iter().position(|&c| c == b'%') {
+        zone = &input[i + 1..];
+        s = &input[..i];
+        if zone.is_empty() {
+            return Err(("zone must be a non-empty string", None));
+        }
+    }
+    let mut ellipsis: Option<usize> = None;
+    if s.len() >= 2 && s[0] == b':' && s[1] == b':' {
+        ellipsis = Some(0);
+        s = &s[2..];
+        if s.is_empty() {
+            return Ok(());
+        }
+    }
+    let mut i = 0;
+    while i < 16 {
+        let mut off = 0;
+        let mut acc = 0u32;
+        while off < s.len() {
+            let c = s[off];
+            let Some(d) = (c as char).to_digit(16) else {
+                break;
+            };
+            acc = (acc << 4) + d;
+            if off > 3 {
+                return Err(("each group must have 4 or less digits", Some(s)));
+            }
+            if acc > 0xffff {
+                return Err(("IPv6 field has value >=2^16", Some(s)));
+            }
+            off += 1;
+        }
+        if off == 0 {
+            return Err((
+                "each colon-separated field must have at least one digit",
+                Some(s),
+            ));
+        }
+        if off < s.len() && s[off] == b'.' {
+            if ellipsis.is_none() && i != 12 {
+                return Err((
+                    "embedded IPv4 address must replace the final 2 fields of the address",
+                    Some(s),
+                ));
+            }
+            if i + 4 > 16 {
+                return Err((
+                    "too many hex fields to fit an embedded IPv4 at the end of the address",
+                    Some(s),
+                ));
+            }
+            let end = if zone.is_empty() {
+                input.len()
+            } else {
+                input.len() - zone.len() - 1
+            };
+            ipv4_fields(input, &input[end - s.len()..end], &mut [0; 4])?;
+            s = &[];
+            i += 4;
+            break;
+        }
+        i += 2;
+        s = &s[off..];
+        if s.is_empty() {
+            break;
+        }
+        if s[0] != b':' {
+            return Err(("unexpected character, want colon", Some(s)));
+        } else if s.len() == 1 {
+            return Err(("colon must be followed by more characters", Some(s)));
+        }
+        s = &s[1..];
+        if s[0] == b':' {
+            if ellipsis.is_some() {
+                return Err(("multiple :: in address", Some(s)));
+            }
+            ellipsis = Some(i);
+            s = &s[1..];
+            if s.is_empty() {
+                break;
+            }
+        }
+    }
+    if !s.is_empty() {
+        return Err(("trailing garbage after address", Some(s)));
+    }
+    match (i < 16, ellipsis) {
+        (true, None) => Err(("address string too short", None)),
+        (false, Some(_)) => Err(("the :: must expand to at least one field of zeros", None)),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_quote_escapes_like_strconv_quote() {
+        assert_eq!(quote(b"a\"b\\c"), r#""a\"b\\c""#);
+        assert_eq!(quote(b"\t\n\x07\x7f\x01"), r#""\t\n\a\x7f\x01""#);
+        assert_eq!(quote("é日".as_bytes()), "\"é日\"");
+        assert_eq!(quote("\u{a0}\u{85}".as_bytes()), r#""\u00a0\u0085""#);
+        assert_eq!(quote(b"%\xe6"), r#""%\xe6""#);
+    }
+}
