@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     csi::{self, Capabilities, DriverClient, PublishRequest, Secrets, UnpublishRequest},
-    k8s::{self, Writer, router::Stores},
+    k8s::{self, stores::Stores, writer::Writer},
 };
 
 /// Settings of the CSI handler.

@@ -11,7 +11,7 @@ use std::{
 use tonic::transport::Channel;
 
 use super::{
-    Connection,
+    connection::Connection,
     proto::{self, controller_client::ControllerClient, identity_client::IdentityClient},
     redact::{NotUtf8, Secrets},
     status::{self, Outcome},

@@ -4,7 +4,7 @@
 use std::{path::Path, time::Duration};
 
 use super::{
-    Address, Connection,
+    connection::{Address, Connection},
     proto::registration::{InfoRequest, PluginInfo, registration_client::RegistrationClient},
 };
 

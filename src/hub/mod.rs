@@ -27,7 +27,8 @@ use crate::{
     http,
     k8s::{
         budget::{FairCap, Limit},
-        router::{self, Route, Stores},
+        router::{self, Route},
+        stores::Stores,
     },
     leader::{
         self,

@@ -28,6 +28,8 @@ use serde::Serialize;
 use tokio::{sync::oneshot, time::Instant};
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::{Limiter, Observer};
+
 /// client-go's `rest.DefaultQPS`: what a QPS of 0 means.
 const CLIENT_GO_DEFAULT_QPS: f64 = 5.0;
 /// client-go's `rest.DefaultBurst`: what a burst of 0 means.
@@ -380,33 +382,6 @@ impl FairCap {
 }
 
 // === one driver's budget ===
-
-/// Which limit made a request wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Limiter {
-    /// The driver's own budget.
-    Driver,
-    /// The process-wide cap.
-    Hub,
-}
-
-impl Limiter {
-    /// The `limiter` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Driver => "driver",
-            Self::Hub => "hub",
-        }
-    }
-}
-
-/// Where an [`ApiBudget`] reports its waits (the metrics of its driver).
-pub trait Observer: Send + Sync + std::fmt::Debug {
-    /// One request passed after waiting `waited` in total.
-    fn waited(&self, waited: Duration);
-    /// One request had to wait for `limiter`.
-    fn throttled(&self, limiter: Limiter);
-}
 
 /// One driver's API budget: its own token bucket, then the hub's cap.
 #[derive(Debug)]

@@ -23,62 +23,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-/// The shared caches, readable by every driver.
-#[derive(Clone)]
-pub struct Stores {
-    /// Every VolumeAttachment in the cluster.
-    pub vas: Store<VolumeAttachment>,
-    /// Every PersistentVolume in the cluster.
-    pub pvs: Store<PersistentVolume>,
-    /// Every CSINode in the cluster.
-    pub csinodes: Store<CSINode>,
-    /// True once the VolumeAttachment and PersistentVolume caches hold a full
-    /// list. (kube-runtime's `Store::wait_until_ready` wakes only its latest
-    /// waiter, so one task waits there and every other waiter watches this.)
-    synced: watch::Receiver<bool>,
-}
-
-impl std::fmt::Debug for Stores {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stores")
-            .field("vas", &self.vas.len())
-            .field("pvs", &self.pvs.len())
-            .field("csinodes", &self.csinodes.len())
-            .field("synced", &*self.synced.borrow())
-            .finish()
-    }
-}
-
-impl Stores {
-    /// A VolumeAttachment by name.
-    pub fn va(&self, name: &str) -> Option<Arc<VolumeAttachment>> {
-        self.vas.get(&ObjectRef::new(name))
-    }
-
-    /// A PersistentVolume by name.
-    pub fn pv(&self, name: &str) -> Option<Arc<PersistentVolume>> {
-        self.pvs.get(&ObjectRef::new(name))
-    }
-
-    /// A CSINode by name.
-    pub fn csinode(&self, name: &str) -> Option<Arc<CSINode>> {
-        self.csinodes.get(&ObjectRef::new(name))
-    }
-
-    /// Waits until the VolumeAttachment and PersistentVolume caches hold a
-    /// complete list (the CSINode cache may still be filling, as in the Go
-    /// attacher).
-    pub async fn wait_synced(&self) {
-        let mut synced = self.synced.clone();
-        // An error means the router is gone: the caller is shutting down.
-        let _ = synced.wait_for(|s| *s).await;
-    }
-
-    /// Whether the VolumeAttachment and PersistentVolume caches are full.
-    pub fn is_synced(&self) -> bool {
-        *self.synced.borrow()
-    }
-}
+use super::{client::WATCH_TIMEOUT, stores::Stores};
 
 /// Receives routed events. Implementations must not block: they look up the
 /// driver and add keys to its queues.
@@ -234,7 +179,7 @@ async fn run_watch<K, F>(
     F: Fn(Change<K>),
 {
     let config = watcher::Config::default()
-        .timeout(u32::try_from(crate::k8s::WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX));
+        .timeout(u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX));
     let stream = watcher(api, config)
         .backoff(WatchBackoff::default())
         .modify(|obj: &mut K| obj.managed_fields_mut().clear());

@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use crate::{
     controller::{
-        Handler,
+        Handler, Synced,
         csi_handler::{self, CsiHandler},
         predicate::should_enqueue_va_change,
         trivial_handler::TrivialHandler,
@@ -617,7 +617,7 @@ impl Driver {
             name,
             limit,
             shared.api_cap.clone(),
-            shared.metrics.api_observer(name, limit),
+            shared.metrics.api_observer(name, limit.qps()),
         );
         *write(&self.budget) = Some(budget.clone());
         let writer = Writer::new(shared.client.clone(), budget)
@@ -794,7 +794,12 @@ impl Driver {
         match handler.sync_va(&va).instrument(span.clone()).await {
             Ok(synced) => {
                 queue.forget(key);
-                shared.metrics.observe_sync(&driver, &va, synced);
+                match synced {
+                    Synced::Attached => shared.metrics.observe_attached(&driver, &va),
+                    Synced::Detached => shared.metrics.observe_detached(&driver, &va),
+                    // The echo of our own write, a resync, a forced re-publish: no new attach.
+                    Synced::Unchanged => {}
+                }
             }
             Err(error) => {
                 tracing::warn!(parent: &span, %error, "sync failed; retrying with backoff");

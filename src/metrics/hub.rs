@@ -1,0 +1,361 @@
+//! The hub's per-driver series: work queues, leadership, driver health, end-to-end latency and
+//! API budgets. Every series carries `driver_name`, and a driver no longer served loses all of
+//! them.
+
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use prometheus::{HistogramOpts, HistogramVec, Registry};
+
+use super::api::{ApiObserver, Observer};
+use super::series::remove_driver_series;
+
+/// Exponential buckets of the work-queue histograms (component-base:
+/// 1e-8 × 10^k, k = 0..9).
+fn workqueue_buckets() -> Vec<f64> {
+    (0..10).map(|k| 1e-8 * 10f64.powi(k)).collect()
+}
+
+/// Buckets of the end-to-end attach/detach latency, in seconds.
+pub const END_TO_END_BUCKETS: [f64; 14] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
+
+/// Per-driver series of the hub: queues, leadership, driver health and
+/// end-to-end latency. Every series carries `driver_name`.
+#[derive(Clone, Debug)]
+pub struct HubMetrics {
+    /// `workqueue_depth{name, driver_name, pool}`.
+    pub queue_depth: prometheus::GaugeVec,
+    /// `workqueue_oldest_item_age_seconds{name, driver_name, pool}`: age of the
+    /// oldest waiting key (the backlog signal of external-attacher #706).
+    pub queue_oldest_age: prometheus::GaugeVec,
+    /// `workqueue_longest_running_processor_seconds{name, driver_name, pool}`.
+    pub queue_longest_running: prometheus::GaugeVec,
+    /// `workqueue_retries_total{name, driver_name}`.
+    pub queue_retries: prometheus::IntCounterVec,
+    /// `workqueue_work_duration_seconds{name, driver_name}`.
+    pub queue_work_duration: HistogramVec,
+    /// `workqueue_queue_duration_seconds{name, driver_name}`: from ready to
+    /// handed to a worker.
+    pub queue_wait_duration: HistogramVec,
+    /// `workqueue_adds_total{name, driver_name}`.
+    pub queue_adds: prometheus::IntCounterVec,
+    /// `leader_election_master_status{name, driver_name}`: 1 leading, 0 not.
+    pub leader: prometheus::GaugeVec,
+    /// `attacher_hub_driver_up{driver_name}`: 1 when the driver is ready
+    /// (standby or leading), else 0.
+    pub driver_up: prometheus::GaugeVec,
+    /// `attacher_hub_task_panics_total{driver_name, task}`: panics caught in a
+    /// driver's sync (`attach`, `detach`, `pv`) or life (`driver`).
+    pub panics: prometheus::IntCounterVec,
+    /// `attacher_hub_attach_duration_seconds{driver_name}`: VA creation to
+    /// `attached=true` written by us.
+    pub attach_e2e: HistogramVec,
+    /// `attacher_hub_detach_duration_seconds{driver_name}`: VA deletion
+    /// timestamp to detached.
+    pub detach_e2e: HistogramVec,
+    /// `attacher_hub_api_budget_wait_seconds{driver_name}`: time each API request of a driver
+    /// waited for its API budget (its own, then the hub's cap); one observation per request.
+    pub api_budget_wait: HistogramVec,
+    /// `attacher_hub_api_throttled_requests_total{driver_name, limiter}`: requests that had to
+    /// wait, by the limit that held them (`driver`: its own budget, `hub`: the process cap).
+    pub api_throttled: prometheus::IntCounterVec,
+    /// `attacher_hub_api_budget_qps{driver_name}`: the driver's own API budget in requests per
+    /// second (absent when it has no limit).
+    pub api_budget_qps: prometheus::GaugeVec,
+    /// `attacher_hub_api_requests_total{driver_name, verb, resource, code}`: API requests made
+    /// for a driver, by HTTP status code (`error` when no answer came).
+    pub api_requests: prometheus::IntCounterVec,
+}
+
+/// Buckets of the API budget wait, in seconds: from "no wait" to minutes of backlog.
+pub const API_BUDGET_WAIT_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+impl HubMetrics {
+    /// Creates the series and registers them on `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        use prometheus::{GaugeVec, IntCounterVec, Opts};
+        let pool = &["name", "driver_name", "pool"];
+        let this = Self {
+            queue_depth: GaugeVec::new(
+                Opts::new("workqueue_depth", "Current depth of workqueue"),
+                pool,
+            )?,
+            queue_oldest_age: GaugeVec::new(
+                Opts::new(
+                    "workqueue_oldest_item_age_seconds",
+                    "How long the oldest key has been waiting in the workqueue",
+                ),
+                pool,
+            )?,
+            queue_longest_running: GaugeVec::new(
+                Opts::new(
+                    "workqueue_longest_running_processor_seconds",
+                    "How many seconds has the longest running processor for workqueue been running.",
+                ),
+                pool,
+            )?,
+            queue_retries: IntCounterVec::new(
+                Opts::new(
+                    "workqueue_retries_total",
+                    "Total number of retries handled by workqueue",
+                ),
+                &["name", "driver_name"],
+            )?,
+            queue_work_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "workqueue_work_duration_seconds",
+                    "How long in seconds processing an item from workqueue takes.",
+                )
+                .buckets(workqueue_buckets()),
+                &["name", "driver_name"],
+            )?,
+            queue_wait_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "workqueue_queue_duration_seconds",
+                    "How long in seconds an item stays in workqueue before being requested.",
+                )
+                .buckets(workqueue_buckets()),
+                &["name", "driver_name"],
+            )?,
+            queue_adds: IntCounterVec::new(
+                Opts::new(
+                    "workqueue_adds_total",
+                    "Total number of adds handled by workqueue",
+                ),
+                &["name", "driver_name"],
+            )?,
+            leader: GaugeVec::new(
+                Opts::new(
+                    "leader_election_master_status",
+                    "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
+                ),
+                &["name", "driver_name"],
+            )?,
+            driver_up: GaugeVec::new(
+                Opts::new(
+                    "attacher_hub_driver_up",
+                    "1 if the CSI driver is connected and ready, else 0",
+                ),
+                &["driver_name"],
+            )?,
+            panics: IntCounterVec::new(
+                Opts::new(
+                    "attacher_hub_task_panics_total",
+                    "Panics caught in a driver's tasks; each one is a bug worth reporting",
+                ),
+                &["driver_name", "task"],
+            )?,
+            attach_e2e: HistogramVec::new(
+                HistogramOpts::new(
+                    "attacher_hub_attach_duration_seconds",
+                    "Time from VolumeAttachment creation to attached=true",
+                )
+                .buckets(END_TO_END_BUCKETS.to_vec()),
+                &["driver_name"],
+            )?,
+            detach_e2e: HistogramVec::new(
+                HistogramOpts::new(
+                    "attacher_hub_detach_duration_seconds",
+                    "Time from VolumeAttachment deletion to detached",
+                )
+                .buckets(END_TO_END_BUCKETS.to_vec()),
+                &["driver_name"],
+            )?,
+            api_budget_wait: HistogramVec::new(
+                HistogramOpts::new(
+                    "attacher_hub_api_budget_wait_seconds",
+                    "Time an API request of the driver waited for API budget (the driver's own, then the hub's cap)",
+                )
+                .buckets(API_BUDGET_WAIT_BUCKETS.to_vec()),
+                &["driver_name"],
+            )?,
+            api_throttled: IntCounterVec::new(
+                Opts::new(
+                    "attacher_hub_api_throttled_requests_total",
+                    "API requests of the driver that had to wait for budget, by the limit that held them (driver or hub)",
+                ),
+                &["driver_name", "limiter"],
+            )?,
+            api_budget_qps: GaugeVec::new(
+                Opts::new(
+                    "attacher_hub_api_budget_qps",
+                    "The driver's own API budget in requests per second (absent: no limit)",
+                ),
+                &["driver_name"],
+            )?,
+            api_requests: IntCounterVec::new(
+                Opts::new(
+                    "attacher_hub_api_requests_total",
+                    "API requests made for the driver, by verb, resource and HTTP status code (error: no answer)",
+                ),
+                &["driver_name", "verb", "resource", "code"],
+            )?,
+        };
+        registry.register(Box::new(this.queue_depth.clone()))?;
+        registry.register(Box::new(this.queue_oldest_age.clone()))?;
+        registry.register(Box::new(this.queue_longest_running.clone()))?;
+        registry.register(Box::new(this.queue_retries.clone()))?;
+        registry.register(Box::new(this.queue_work_duration.clone()))?;
+        registry.register(Box::new(this.queue_wait_duration.clone()))?;
+        registry.register(Box::new(this.queue_adds.clone()))?;
+        registry.register(Box::new(this.leader.clone()))?;
+        registry.register(Box::new(this.driver_up.clone()))?;
+        registry.register(Box::new(this.panics.clone()))?;
+        registry.register(Box::new(this.attach_e2e.clone()))?;
+        registry.register(Box::new(this.detach_e2e.clone()))?;
+        registry.register(Box::new(this.api_budget_wait.clone()))?;
+        registry.register(Box::new(this.api_throttled.clone()))?;
+        registry.register(Box::new(this.api_budget_qps.clone()))?;
+        registry.register(Box::new(this.api_requests.clone()))?;
+        Ok(this)
+    }
+
+    /// Sets `leader_election_master_status` of a driver's Lease.
+    pub fn set_leader(&self, driver: &str, leading: bool) {
+        let lease = crate::names::lease_name(driver);
+        self.leader
+            .with_label_values(&[lease.as_str(), driver])
+            .set(if leading { 1.0 } else { 0.0 });
+    }
+
+    /// Records how long one key took.
+    pub fn observe_work(&self, driver: &str, queue: &str, elapsed: std::time::Duration) {
+        self.queue_work_duration
+            .with_label_values(&[queue, driver])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how long a key waited before a worker took it.
+    pub fn observe_wait(&self, driver: &str, queue: &str, waited: std::time::Duration) {
+        self.queue_wait_duration
+            .with_label_values(&[queue, driver])
+            .observe(waited.as_secs_f64());
+    }
+
+    /// Removes every series of `driver`: it is no longer served (removed from the driver file,
+    /// its socket gone), so its gauges must not keep their last values.
+    pub fn remove_driver(&self, driver: &str) {
+        remove_driver_series(&self.queue_depth, driver);
+        remove_driver_series(&self.queue_oldest_age, driver);
+        remove_driver_series(&self.queue_longest_running, driver);
+        remove_driver_series(&self.queue_retries, driver);
+        remove_driver_series(&self.queue_work_duration, driver);
+        remove_driver_series(&self.queue_wait_duration, driver);
+        remove_driver_series(&self.queue_adds, driver);
+        remove_driver_series(&self.leader, driver);
+        remove_driver_series(&self.driver_up, driver);
+        remove_driver_series(&self.panics, driver);
+        remove_driver_series(&self.attach_e2e, driver);
+        remove_driver_series(&self.detach_e2e, driver);
+        remove_driver_series(&self.api_budget_wait, driver);
+        remove_driver_series(&self.api_throttled, driver);
+        remove_driver_series(&self.api_budget_qps, driver);
+        remove_driver_series(&self.api_requests, driver);
+    }
+
+    /// Where the API budget of `driver` reports its waits; also publishes its limit (`qps`:
+    /// requests per second, `None` for no limit).
+    pub fn api_observer(&self, driver: &str, qps: Option<f64>) -> Box<dyn Observer> {
+        match qps {
+            Some(qps) => self.api_budget_qps.with_label_values(&[driver]).set(qps),
+            None => {
+                let _ = self.api_budget_qps.remove_label_values(&[driver]);
+            }
+        }
+        Box::new(ApiObserver {
+            wait: self.api_budget_wait.with_label_values(&[driver]),
+            throttled_driver: self.api_throttled.with_label_values(&[driver, "driver"]),
+            throttled_hub: self.api_throttled.with_label_values(&[driver, "hub"]),
+        })
+    }
+
+    /// Counts one caught panic.
+    pub fn count_panic(&self, driver: &str, task: &str) {
+        self.panics.with_label_values(&[driver, task]).inc();
+    }
+
+    /// Counts one rate-limited re-add.
+    pub fn count_retry(&self, driver: &str, queue: &str) {
+        self.queue_retries.with_label_values(&[queue, driver]).inc();
+    }
+
+    /// Records the end-to-end latency of a VA a sync marked attached: from its creation.
+    pub fn observe_attached(&self, driver: &str, va: &VolumeAttachment) {
+        observe_since(
+            &self.attach_e2e,
+            driver,
+            va.metadata.creation_timestamp.as_ref(),
+        );
+    }
+
+    /// Records the end-to-end latency of a VA a sync detached: from its deletion.
+    pub fn observe_detached(&self, driver: &str, va: &VolumeAttachment) {
+        observe_since(
+            &self.detach_e2e,
+            driver,
+            va.metadata.deletion_timestamp.as_ref(),
+        );
+    }
+}
+
+/// Observes the seconds since `since` (none when absent; never negative).
+fn observe_since(h: &HistogramVec, driver: &str, since: Option<&Time>) {
+    let Some(since) = since else { return };
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let seconds = now.duration_since(since.0).as_secs_f64().max(0.0);
+    h.with_label_values(&[driver]).observe(seconds);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::csi::{CsiOperations, tests::render};
+
+    #[test]
+    fn end_to_end_latency_is_observed_from_creation_and_from_deletion() {
+        let registry = Registry::new();
+        let m = HubMetrics::register(&registry).unwrap();
+        let mut va = VolumeAttachment::default();
+        // Without the timestamp there is nothing to measure from.
+        m.observe_attached("d", &va);
+        m.observe_detached("d", &va);
+        va.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        m.observe_attached("d", &va);
+        va.metadata.deletion_timestamp = va.metadata.creation_timestamp.clone();
+        m.observe_detached("d", &va);
+        let count = |h: &HistogramVec| h.with_label_values(&["d"]).get_sample_count();
+        assert_eq!((count(&m.attach_e2e), count(&m.detach_e2e)), (1, 1));
+    }
+
+    #[test]
+    fn a_removed_driver_leaves_no_series_and_the_others_keep_theirs() {
+        let registry = Registry::new();
+        let m = HubMetrics::register(&registry).unwrap();
+        let ops = CsiOperations::register(&registry).unwrap();
+        for d in ["gone", "kept"] {
+            m.driver_up.with_label_values(&[d]).set(1.0);
+            m.queue_depth
+                .with_label_values(&["csi-attacher-va", d, "attach"])
+                .set(3.0);
+            m.set_leader(d, true);
+            m.api_requests
+                .with_label_values(&[d, "PATCH", "volumeattachments", "200"])
+                .inc();
+            ops.observe(
+                d,
+                "/csi.v1.Controller/ControllerPublishVolume",
+                "OK",
+                None,
+                0.1,
+            );
+        }
+        m.remove_driver("gone");
+        ops.remove_driver("gone");
+        let text = render(&registry);
+        assert!(!text.contains("\"gone\""), "{text}");
+        assert!(text.matches("driver_name=\"kept\"").count() >= 5, "{text}");
+    }
+}
