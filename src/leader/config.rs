@@ -1,0 +1,187 @@
+//! The settings of one leader elector (one Lease): client-go's defaults, and the combinations
+//! client-go's `NewLeaderElector` refuses.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// client-go's default `LeaseDuration` (`--leader-election-lease-duration`).
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+
+/// client-go's default `RenewDeadline` (`--leader-election-renew-deadline`).
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+
+/// client-go's default `RetryPeriod` (`--leader-election-retry-period`).
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(5);
+
+/// client-go's `JitterFactor`: an acquire attempt waits `retry_period × (1 + r × 1.2)` with a
+/// random `r ∈ [0, 1)` before the next one. The renew deadline must exceed
+/// `JITTER_FACTOR × retry_period`.
+pub const JITTER_FACTOR: f64 = 1.2;
+
+/// An invalid leader-election configuration (client-go panics on the same combinations).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The Lease name is empty.
+    #[error("the lease name must not be empty")]
+    EmptyName,
+    /// The Lease namespace is empty.
+    #[error("the lease namespace must not be empty")]
+    EmptyNamespace,
+    /// The identity is empty.
+    #[error("the leader-election identity must not be empty")]
+    EmptyIdentity,
+    /// The lease duration is under one second (`leaseDurationSeconds` must be positive).
+    #[error("the lease duration ({0:?}) must be at least one second")]
+    LeaseDurationTooShort(Duration),
+    /// A duration is zero.
+    #[error("the {0} must be positive")]
+    NotPositive(&'static str),
+    /// `lease_duration <= renew_deadline`.
+    #[error(
+        "the lease duration ({lease_duration:?}) must be greater than the renew deadline ({renew_deadline:?})"
+    )]
+    LeaseNotLongerThanRenewDeadline {
+        /// Configured lease duration.
+        lease_duration: Duration,
+        /// Configured renew deadline.
+        renew_deadline: Duration,
+    },
+    /// `renew_deadline <= JITTER_FACTOR × retry_period`.
+    #[error(
+        "the renew deadline ({renew_deadline:?}) must be greater than {JITTER_FACTOR} × the retry period ({retry_period:?})"
+    )]
+    RenewDeadlineTooShort {
+        /// Configured renew deadline.
+        renew_deadline: Duration,
+        /// Configured retry period.
+        retry_period: Duration,
+    },
+}
+
+/// Settings of one leader elector (one Lease).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Lease name, e.g. [`lease_name`](crate::names::lease_name)`(driver)`.
+    pub name: String,
+    /// Lease namespace, e.g. from [`resolve_namespace`].
+    pub namespace: String,
+    /// Our `holderIdentity`; must differ between candidates (see [`default_identity`]).
+    pub identity: String,
+    /// How long a non-leader waits after the last change of the Lease before taking it over.
+    pub lease_duration: Duration,
+    /// How long the leader keeps retrying failed renewals before it stops leading.
+    pub renew_deadline: Duration,
+    /// Interval between attempts to acquire or renew.
+    pub retry_period: Duration,
+    /// Labels put on the Lease whenever this candidate writes it (`--leader-election-labels`).
+    pub labels: BTreeMap<String, String>,
+    /// Whether to vacate the Lease when the shutdown token is cancelled while leading.
+    pub release_on_cancel: bool,
+}
+
+impl Config {
+    /// A configuration with client-go's default timings, no labels and no release on cancel.
+    pub fn new(
+        name: impl Into<String>,
+        namespace: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Config {
+        Config {
+            name: name.into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            lease_duration: DEFAULT_LEASE_DURATION,
+            renew_deadline: DEFAULT_RENEW_DEADLINE,
+            retry_period: DEFAULT_RETRY_PERIOD,
+            labels: BTreeMap::new(),
+            release_on_cancel: false,
+        }
+    }
+
+    /// Checks the combinations client-go's `NewLeaderElector` rejects, plus a lease duration of
+    /// at least one second (the Lease stores whole seconds).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(ConfigError::EmptyName);
+        }
+        if self.namespace.is_empty() {
+            return Err(ConfigError::EmptyNamespace);
+        }
+        if self.identity.is_empty() {
+            return Err(ConfigError::EmptyIdentity);
+        }
+        if self.renew_deadline.is_zero() {
+            return Err(ConfigError::NotPositive("renew deadline"));
+        }
+        if self.retry_period.is_zero() {
+            return Err(ConfigError::NotPositive("retry period"));
+        }
+        if self.lease_duration < Duration::from_secs(1) {
+            return Err(ConfigError::LeaseDurationTooShort(self.lease_duration));
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return Err(ConfigError::LeaseNotLongerThanRenewDeadline {
+                lease_duration: self.lease_duration,
+                renew_deadline: self.renew_deadline,
+            });
+        }
+        if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
+            return Err(ConfigError::RenewDeadlineTooShort {
+                renew_deadline: self.renew_deadline,
+                retry_period: self.retry_period,
+            });
+        }
+        Ok(())
+    }
+
+    /// `leaseDurationSeconds` as client-go writes it: whole seconds, truncated.
+    pub(crate) fn lease_duration_seconds(&self) -> i32 {
+        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::new("external-attacher-leader-x", "default", "me")
+    }
+
+    #[test]
+    fn validation_matches_client_go() {
+        assert_eq!(config().validate(), Ok(()));
+        let mut c = config();
+        c.renew_deadline = c.lease_duration;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::LeaseNotLongerThanRenewDeadline { .. })
+        ));
+        let mut c = config();
+        c.retry_period = Duration::from_secs(9); // 1.2 × 9 > 10
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::RenewDeadlineTooShort { .. })
+        ));
+        let mut c = config();
+        c.identity.clear();
+        assert_eq!(c.validate(), Err(ConfigError::EmptyIdentity));
+        let mut c = config();
+        c.retry_period = Duration::ZERO;
+        assert_eq!(c.validate(), Err(ConfigError::NotPositive("retry period")));
+        let mut c = config();
+        c.lease_duration = Duration::from_millis(900);
+        c.renew_deadline = Duration::from_millis(800);
+        c.retry_period = Duration::from_millis(100);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::LeaseDurationTooShort(_))
+        ));
+        // The durations used by the integration tests are valid.
+        let mut c = config();
+        c.lease_duration = Duration::from_secs(2);
+        c.renew_deadline = Duration::from_millis(1500);
+        c.retry_period = Duration::from_millis(500);
+        assert_eq!(c.validate(), Ok(()));
+    }
+}

@@ -1,0 +1,1001 @@
+//! [`LeaderElector`]: client-go's `LeaderElector` over one Lease (acquire, lead while renewals
+//! succeed, release), publishing [`Leadership`] through a `watch` channel.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::config::{Config, JITTER_FACTOR};
+use super::error::{Error, Result};
+use super::record::{
+    Observed, Record, acquire_record, create_record, held_by_other, is_lease_valid, observe,
+    release_record,
+};
+use super::status::Status;
+use crate::random::random_unit;
+
+/// First pause after a failed attempt to acquire (the API server did not answer); it doubles
+/// up to [`ERROR_RETRY_MAX`] (or the retry period, if shorter) while failures go on (see
+/// [`LeaderElector::acquire`]).
+const ERROR_RETRY_MIN: Duration = Duration::from_millis(500);
+
+/// Longest pause between attempts while the API server does not answer: one GET per Lease
+/// every 2 s costs a server that is down nothing (its port refuses at once) and brings the
+/// Leases back within 2 s of its return.
+const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// A candidate fed by a watch tries this long after the Lease it watches expired (its holder's
+/// clock and ours may differ by the API server's write delay).
+const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
+
+/// Longest wait for the Lease release on shutdown (bounded further by the renew deadline).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// This candidate's view of the election, published through a `watch` channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leadership {
+    /// We do not lead; `holder` is the identity of the current holder when known.
+    Standby {
+        /// The last observed `holderIdentity`, `None` when unknown or empty.
+        holder: Option<String>,
+    },
+    /// We hold the Lease: controllers may work.
+    Leading,
+}
+
+impl Leadership {
+    /// Whether this is [`Leadership::Leading`].
+    pub fn is_leading(&self) -> bool {
+        matches!(self, Leadership::Leading)
+    }
+}
+
+/// client-go `wait.Jitter(period, factor)`: `period + r × factor × period` for `r ∈ [0, 1)`.
+fn jittered(period: Duration, r: f64) -> Duration {
+    period.mul_f64(1.0 + r.clamp(0.0, 1.0) * JITTER_FACTOR)
+}
+
+/// Why the leading phase ended.
+enum LeadEnd {
+    /// The shutdown token was cancelled.
+    Cancelled,
+    /// Renewals failed for `renew_deadline`.
+    Lost,
+}
+
+/// A leader elector for one Lease; [`LeaderElector::spawn`] runs it.
+#[derive(Debug)]
+pub struct LeaderElector {
+    /// API for Leases in `config.namespace`.
+    api: Api<Lease>,
+    /// Validated settings.
+    config: Config,
+    /// Shared view for HTTP endpoints.
+    status: Status,
+    /// Publishes our leadership.
+    tx: watch::Sender<Leadership>,
+    /// The last record observed and when it changed (client-go `observedRecord`/`observedTime`).
+    observed: Option<Observed>,
+    /// The last Lease object read or written; its `resourceVersion` guards our next update.
+    lease: Option<Lease>,
+    /// The holder last reported in logs/the watch value (client-go `reportedLeader`).
+    reported_holder: String,
+    /// Asked before every acquisition attempt (not before renewals): `false`
+    /// skips the attempt. Hub replicas use it to stay within their share.
+    gate: Option<AcquireGate>,
+    /// Copies of the Lease as a watch sees them (`None`: deleted). A standby candidate then
+    /// knows of every renewal the moment it is written, so it judges expiry from the holder's
+    /// real last renewal instead of from its own last poll (which lags by up to a jittered retry
+    /// period), tries at the instant the Lease expires, and at once when it is vacated.
+    feed: Option<watch::Receiver<Option<Lease>>>,
+}
+
+/// A predicate that allows or skips acquisition attempts.
+#[derive(Clone)]
+pub struct AcquireGate(pub std::sync::Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for AcquireGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AcquireGate")
+    }
+}
+
+impl LeaderElector {
+    /// An elector over `api` (which must address `config.namespace`; use
+    /// `Api::namespaced(client, &config.namespace)` with a client dedicated to leader election).
+    pub fn new(api: Api<Lease>, config: Config) -> Result<LeaderElector> {
+        config.validate()?;
+        let (tx, _) = watch::channel(Leadership::Standby { holder: None });
+        Ok(LeaderElector {
+            api,
+            status: Status::new(&config),
+            config,
+            tx,
+            observed: None,
+            lease: None,
+            reported_holder: String::new(),
+            gate: None,
+            feed: None,
+        })
+    }
+
+    /// Observe the Lease through `feed` (copies from a watch) while waiting to acquire it.
+    pub fn with_feed(mut self, feed: watch::Receiver<Option<Lease>>) -> Self {
+        self.feed = Some(feed);
+        self
+    }
+
+    /// Takes in a copy of the Lease from the feed; returns when the next attempt is due: now
+    /// if the Lease is gone or vacant, at its expiry if someone else holds it, else `None`
+    /// (keep the current pause).
+    fn absorb(&mut self, lease: Option<Lease>) -> Option<Instant> {
+        let now = Instant::now();
+        let Some(lease) = lease else {
+            return Some(now);
+        };
+        if lease.metadata.name.as_deref() != Some(self.config.name.as_str()) {
+            return None;
+        }
+        let record = Record::from_spec(lease.spec.as_ref());
+        let vacant = record.holder.is_empty();
+        self.lease = Some(lease);
+        observe(&mut self.observed, record, now);
+        self.report_holder();
+        if vacant {
+            return Some(now);
+        }
+        let observed = self.observed.as_ref()?;
+        (observed.record.holder != self.config.identity)
+            .then(|| observed.at + self.config.lease_duration + EXPIRY_MARGIN)
+    }
+
+    /// Only try to acquire the Lease while `gate` says yes (renewing a held
+    /// Lease is never gated).
+    pub fn with_acquire_gate(mut self, gate: AcquireGate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The shared status view; clone it out before [`LeaderElector::spawn`].
+    pub fn status(&self) -> Status {
+        self.status.clone()
+    }
+
+    /// Starts the election in a task instrumented with the Lease name. The task runs until
+    /// `shutdown` is cancelled; then, if we lead, it publishes `Standby` and (with
+    /// `release_on_cancel`) vacates the Lease before ending. It ends with an error only if that
+    /// release failed. Own the returned handle (STYLE rule 9).
+    pub fn spawn(
+        self,
+        shutdown: CancellationToken,
+    ) -> (watch::Receiver<Leadership>, JoinHandle<Result<()>>) {
+        let rx = self.tx.subscribe();
+        let span = info_span!(
+            "leader_election",
+            lease = %self.config.name,
+            namespace = %self.config.namespace,
+            identity = %self.config.identity,
+        );
+        let handle = tokio::spawn(self.run(shutdown).instrument(span));
+        (rx, handle)
+    }
+
+    /// The election loop: acquire, lead while renewals succeed, repeat until cancelled.
+    async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        info!("attempting to acquire leader lease");
+        loop {
+            if !self.acquire(&shutdown).await {
+                return Ok(());
+            }
+            self.set_leading(true);
+            match self.lead(&shutdown).await {
+                LeadEnd::Lost => {
+                    info!("stopped leading: lost the lease");
+                    self.set_leading(false);
+                }
+                LeadEnd::Cancelled => {
+                    info!("stopped leading: shutting down");
+                    self.set_leading(false);
+                    if self.config.release_on_cancel {
+                        return self.release().await;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Tries to acquire every jittered retry period until it succeeds (`true`) or `shutdown`
+    /// is cancelled (`false`).
+    ///
+    /// While the API server does not answer, attempts come sooner: [`ERROR_RETRY_MIN`]
+    /// doubling up to the jittered retry period. A hub that lost its Leases to a network
+    /// cut-off takes them back within moments of the network's return (nobody else can have
+    /// taken a Lease still recorded as ours before it expires); a candidate that got an answer
+    /// (the Lease is held by someone else) keeps client-go's pace.
+    async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
+        let mut error_pause = ERROR_RETRY_MIN;
+        loop {
+            let deadline = Instant::now() + self.config.renew_deadline;
+            let allowed = self.gate.as_ref().is_none_or(|g| (g.0)());
+            let attempt = if allowed {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return false,
+                    result = self.try_acquire_or_renew(deadline) => result,
+                }
+            } else {
+                // Not allowed to take it: only look, so the holder stays known.
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return false,
+                    result = self.observe_only(deadline) => result.map(|()| false),
+                }
+            };
+            let mut pause = jittered(self.config.retry_period, random_unit());
+            match attempt {
+                Ok(true) => {
+                    debug!("successfully acquired lease");
+                    return true;
+                }
+                Ok(false) => error_pause = ERROR_RETRY_MIN,
+                Err(e) => {
+                    warn!(error = %error_chain(&e), "failed to acquire lease");
+                    pause = pause.min(error_pause);
+                    error_pause = (error_pause * 2)
+                        .min(ERROR_RETRY_MAX)
+                        .min(self.config.retry_period);
+                }
+            }
+            let mut due = Instant::now() + pause;
+            // A Lease held by another candidate is worth trying again the moment it expires
+            // by client-go's rule (our observation of its last change + the lease duration).
+            // (Only a future expiry: an expired Lease we were not allowed to take waits for the
+            // normal pause, or for the feed.)
+            if let Some(o) = &self.observed
+                && !o.record.holder.is_empty()
+                && o.record.holder != self.config.identity
+            {
+                let expiry = o.at + self.config.lease_duration + EXPIRY_MARGIN;
+                if expiry > Instant::now() {
+                    due = due.min(expiry);
+                }
+            }
+            loop {
+                let feed = async {
+                    match self.feed.as_mut() {
+                        Some(f) => match f.changed().await {
+                            Ok(()) => Some(f.borrow_and_update().clone()),
+                            Err(_) => std::future::pending().await,
+                        },
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return false,
+                    () = tokio::time::sleep_until(due) => break,
+                    lease = feed => {
+                        if let Some(at) = lease.and_then(|l| self.absorb(l)) {
+                            due = due.min(at);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews every retry period; returns when a renewal round has failed for `renew_deadline`,
+    /// when another candidate is seen holding the Lease, or when `shutdown` is cancelled.
+    ///
+    /// As client-go's `renew`: a round starts one retry period after the last success and tries
+    /// at once, then every retry period, until `renew_deadline` after the round started; every
+    /// call of the round is bounded by that deadline. So a transient error (a 403 or 503 from an
+    /// API server that is restarting) costs nothing as long as a later try of the round works.
+    /// One deliberate difference, which ends leadership earlier, never later: a Lease observed in
+    /// another candidate's hands ends leadership at once instead of at the deadline.
+    async fn lead(&mut self, shutdown: &CancellationToken) -> LeadEnd {
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return LeadEnd::Cancelled,
+                () = tokio::time::sleep(self.config.retry_period) => {}
+            }
+            let deadline = Instant::now() + self.config.renew_deadline;
+            loop {
+                let attempt = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return LeadEnd::Cancelled,
+                    result = self.try_acquire_or_renew(deadline) => result,
+                };
+                match attempt {
+                    Ok(true) => break,
+                    Ok(false) => {
+                        warn!("the lease was taken over by another candidate");
+                        return LeadEnd::Lost;
+                    }
+                    Err(e) => warn!(error = %error_chain(&e), "failed to renew lease"),
+                }
+                let next = Instant::now() + self.config.retry_period;
+                if next >= deadline {
+                    warn!(renew_deadline = ?self.config.renew_deadline, "failed to renew the lease before the renew deadline");
+                    return LeadEnd::Lost;
+                }
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return LeadEnd::Cancelled,
+                    () = tokio::time::sleep_until(next) => {}
+                }
+            }
+        }
+    }
+
+    /// Whether the observed record names us (client-go `IsLeader`).
+    fn is_leader(&self) -> bool {
+        self.observed
+            .as_ref()
+            .is_some_and(|o| o.record.holder == self.config.identity)
+    }
+
+    /// client-go `tryAcquireOrRenew`: `Ok(true)` if we hold the Lease afterwards, `Ok(false)` if
+    /// another candidate holds a valid one. Every API call must finish before `deadline`.
+    async fn try_acquire_or_renew(&mut self, deadline: Instant) -> Result<bool> {
+        // 1. Fast path for the leader: update from the cached Lease without reading it first.
+        if let Some(observed) = self.observed.clone()
+            && observed.record.holder == self.config.identity
+            && is_lease_valid(&observed, self.config.lease_duration, Instant::now())
+            && let Some(lease) = self.lease.clone()
+        {
+            let record = acquire_record(&self.config, &observed.record, Timestamp::now());
+            match self.update(lease, &record, deadline).await {
+                Ok(()) => return Ok(true),
+                Err(e) => debug!(
+                    error = %error_chain(&e),
+                    "failed to update lease optimistically, falling back to slow path"
+                ),
+            }
+        }
+
+        // 2. Read the Lease, or create it.
+        let got = self
+            .timed(deadline, self.api.get_opt(&self.config.name))
+            .await?;
+        let Some(lease) = got.map_err(|source| Error::Get {
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            source,
+        })?
+        else {
+            let record = create_record(&self.config, Timestamp::now());
+            self.create(&record, deadline).await?;
+            return Ok(true);
+        };
+
+        // 3. Remember the record (and when it changed); respect a valid foreign holder.
+        let current = Record::from_spec(lease.spec.as_ref());
+        self.lease = Some(lease);
+        observe(&mut self.observed, current.clone(), Instant::now());
+        self.report_holder();
+        if let Some(observed) = &self.observed
+            && held_by_other(
+                observed,
+                &self.config.identity,
+                self.config.lease_duration,
+                Instant::now(),
+            )
+        {
+            debug!(holder = %observed.record.holder, "lease is held by another candidate and has not yet expired");
+            return Ok(false);
+        }
+
+        // 4. Take over (or renew through the slow path) with the resourceVersion we read.
+        let record = acquire_record(&self.config, &current, Timestamp::now());
+        let Some(lease) = self.lease.clone() else {
+            return Ok(false);
+        };
+        self.update(lease, &record, deadline).await?;
+        Ok(true)
+    }
+
+    /// Reads the Lease and records its holder, without trying to take it.
+    async fn observe_only(&mut self, deadline: Instant) -> Result<()> {
+        let got = self
+            .timed(deadline, self.api.get_opt(&self.config.name))
+            .await?
+            .map_err(|source| Error::Get {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+                source,
+            })?;
+        if let Some(lease) = got {
+            let current = Record::from_spec(lease.spec.as_ref());
+            self.lease = Some(lease);
+            observe(&mut self.observed, current, Instant::now());
+            self.report_holder();
+        }
+        Ok(())
+    }
+
+    /// Creates the Lease with `record` and our labels.
+    async fn create(&mut self, record: &Record, deadline: Instant) -> Result<()> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.config.name.clone()),
+                namespace: Some(self.config.namespace.clone()),
+                labels: (!self.config.labels.is_empty()).then(|| self.config.labels.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(record.to_spec()),
+        };
+        let created = self
+            .timed(deadline, self.api.create(&PostParams::default(), &lease))
+            .await?
+            .map_err(|source| Error::Create {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+                source,
+            })?;
+        self.wrote(created, record.clone());
+        Ok(())
+    }
+
+    /// Replaces `lease` (keeping its `resourceVersion` as the precondition) with `record` and
+    /// our labels merged into its labels (client-go `LeaseLock.Update`).
+    async fn update(&mut self, mut lease: Lease, record: &Record, deadline: Instant) -> Result<()> {
+        lease.spec = Some(record.to_spec());
+        if !self.config.labels.is_empty() {
+            lease
+                .metadata
+                .labels
+                .get_or_insert_with(BTreeMap::new)
+                .extend(self.config.labels.clone());
+        }
+        let updated = self
+            .timed(
+                deadline,
+                self.api
+                    .replace(&self.config.name, &PostParams::default(), &lease),
+            )
+            .await?
+            .map_err(|source| Error::Update {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+                source,
+            })?;
+        self.wrote(updated, record.clone());
+        Ok(())
+    }
+
+    /// Records a successful write of `record` as our new observation.
+    fn wrote(&mut self, lease: Lease, record: Record) {
+        let ours = record.holder == self.config.identity;
+        self.lease = Some(lease);
+        self.observed = Some(Observed {
+            record,
+            at: Instant::now(),
+        });
+        if ours {
+            self.status.lock().last_renew = Some(Instant::now());
+        }
+        self.report_holder();
+    }
+
+    /// Runs `fut` unless `deadline` passes first.
+    async fn timed<T>(&self, deadline: Instant, fut: impl Future<Output = T>) -> Result<T> {
+        tokio::time::timeout_at(deadline, fut)
+            .await
+            .map_err(|_| Error::Timeout {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+            })
+    }
+
+    /// client-go `maybeReportTransition`: logs and publishes a change of the observed holder.
+    fn report_holder(&mut self) {
+        let Some(observed) = &self.observed else {
+            return;
+        };
+        if observed.record.holder == self.reported_holder {
+            return;
+        }
+        self.reported_holder = observed.record.holder.clone();
+        let holder = (!self.reported_holder.is_empty()).then(|| self.reported_holder.clone());
+        self.status.lock().holder = holder.clone();
+        if self.reported_holder == self.config.identity {
+            return;
+        }
+        match &holder {
+            Some(h) => info!(holder = %h, "new leader is {h}"),
+            None => info!("the lease is vacant"),
+        }
+        self.tx.send_if_modified(|current| {
+            if let Leadership::Standby { holder: shown } = current
+                && *shown != holder
+            {
+                *shown = holder.clone();
+                return true;
+            }
+            false
+        });
+    }
+
+    /// Publishes that we lead (`true`) or no longer lead (`false`).
+    fn set_leading(&mut self, leading: bool) {
+        self.status.lock().leading = leading;
+        if leading {
+            info!("became leader");
+            self.tx.send_replace(Leadership::Leading);
+        } else {
+            let holder = self
+                .observed
+                .as_ref()
+                .map(|o| o.record.holder.clone())
+                .filter(|h| !h.is_empty() && *h != self.config.identity);
+            self.tx.send_replace(Leadership::Standby { holder });
+        }
+    }
+
+    /// client-go `release`: if the observed record names us, vacate the Lease (guarded by the
+    /// cached `resourceVersion`) so a waiting candidate takes over at once.
+    async fn release(&mut self) -> Result<()> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        let (Some(observed), Some(lease)) = (self.observed.clone(), self.lease.clone()) else {
+            return Ok(());
+        };
+        let record = release_record(&observed.record, Timestamp::now());
+        // Releasing is a courtesy that saves the next leader a lease duration: on a network
+        // that does not answer, give up quickly so a stopping process ends in time.
+        let deadline = Instant::now() + self.config.renew_deadline.min(RELEASE_TIMEOUT);
+        match self.update(lease, &record, deadline).await {
+            Ok(()) => {
+                info!("released the lease");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %error_chain(&e), "failed to release the lease");
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `error: root cause` on one line, for logs. Only the innermost cause is appended: kube's
+/// `Error::Api` already repeats its `Status` in its own message.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut root = None;
+    let mut source = error.source();
+    while let Some(cause) = source {
+        root = Some(cause);
+        source = cause.source();
+    }
+    match root {
+        Some(cause) => format!("{error}: {cause}"),
+        None => error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::leader::config::DEFAULT_LEASE_DURATION;
+    use crate::leader::record::tests::record;
+    use crate::leader::status::HEALTH_TOLERANCE;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    #[test]
+    fn jitter_stays_within_client_go_bounds() {
+        let p = Duration::from_secs(5);
+        assert_eq!(jittered(p, 0.0), p);
+        assert_eq!(jittered(p, 1.0), Duration::from_secs(11));
+        for _ in 0..100 {
+            let j = jittered(p, random_unit());
+            assert!(j >= p && j < Duration::from_secs(11));
+        }
+    }
+
+    /// An in-memory Lease endpoint that enforces `resourceVersion` preconditions like the API
+    /// server, for driving the elector's loops under paused time.
+    mod fake {
+        use std::convert::Infallible;
+        use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+        use http::{Method, Request, Response, StatusCode};
+        use k8s_openapi::api::coordination::v1::Lease;
+        use kube::Client;
+        use kube::client::Body;
+
+        /// What the fake API server holds.
+        #[derive(Debug, Default)]
+        pub(super) struct State {
+            /// The stored Lease.
+            pub(super) lease: Option<Lease>,
+            /// Last resourceVersion handed out.
+            pub(super) rv: u64,
+            /// Answer every request with 500.
+            pub(super) fail: bool,
+            /// Answer this many of the next requests with 503 (a server warming up).
+            pub(super) fail_next: usize,
+            /// Successful writes (POST/PUT), in order.
+            pub(super) writes: Vec<Lease>,
+        }
+
+        /// Shared handle on the fake's state.
+        #[derive(Clone, Debug, Default)]
+        pub(super) struct Fake(Arc<Mutex<State>>);
+
+        impl Fake {
+            pub(super) fn state(&self) -> MutexGuard<'_, State> {
+                self.0.lock().unwrap_or_else(PoisonError::into_inner)
+            }
+
+            /// Stores `lease` as if another client wrote it.
+            pub(super) fn put(&self, mut lease: Lease) {
+                let mut st = self.state();
+                st.rv += 1;
+                lease.metadata.resource_version = Some(st.rv.to_string());
+                st.lease = Some(lease);
+            }
+
+            pub(super) fn client(&self) -> Client {
+                let fake = self.clone();
+                let svc = tower::service_fn(move |req: Request<Body>| {
+                    let fake = fake.clone();
+                    async move { Ok::<_, Infallible>(fake.handle(req).await) }
+                });
+                Client::new(svc, "default")
+            }
+
+            async fn handle(&self, req: Request<Body>) -> Response<Body> {
+                let method = req.method().clone();
+                let body = req.into_body().collect_bytes().await.unwrap_or_default();
+                let mut st = self.state();
+                if st.fail {
+                    return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError");
+                }
+                if st.fail_next > 0 {
+                    st.fail_next -= 1;
+                    return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable");
+                }
+                match method {
+                    Method::GET => match &st.lease {
+                        Some(lease) => json(StatusCode::OK, lease),
+                        None => status(StatusCode::NOT_FOUND, "NotFound"),
+                    },
+                    Method::POST if st.lease.is_some() => {
+                        status(StatusCode::CONFLICT, "AlreadyExists")
+                    }
+                    Method::POST | Method::PUT => {
+                        let Ok(mut lease) = serde_json::from_slice::<Lease>(&body) else {
+                            return status(StatusCode::BAD_REQUEST, "BadRequest");
+                        };
+                        if method == Method::PUT {
+                            let current = st
+                                .lease
+                                .as_ref()
+                                .and_then(|l| l.metadata.resource_version.clone());
+                            if lease.metadata.resource_version != current {
+                                return status(StatusCode::CONFLICT, "Conflict");
+                            }
+                        }
+                        st.rv += 1;
+                        lease.metadata.resource_version = Some(st.rv.to_string());
+                        st.lease = Some(lease.clone());
+                        st.writes.push(lease.clone());
+                        json(StatusCode::OK, &lease)
+                    }
+                    _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+                }
+            }
+        }
+
+        fn json(code: StatusCode, lease: &Lease) -> Response<Body> {
+            let mut resp = Response::new(Body::from(serde_json::to_vec(lease).unwrap_or_default()));
+            *resp.status_mut() = code;
+            resp
+        }
+
+        fn status(code: StatusCode, reason: &str) -> Response<Body> {
+            let body = serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "code": code.as_u16(), "reason": reason, "message": reason,
+            });
+            let mut resp = Response::new(Body::from(body.to_string().into_bytes()));
+            *resp.status_mut() = code;
+            resp
+        }
+    }
+
+    fn fast_config(identity: &str) -> Config {
+        let mut c = Config::new("lease", "default", identity);
+        c.lease_duration = Duration::from_secs(4);
+        c.renew_deadline = Duration::from_secs(3);
+        c.retry_period = Duration::from_secs(1);
+        c.release_on_cancel = true;
+        c
+    }
+
+    fn spawn_on(
+        fake: &fake::Fake,
+        config: Config,
+    ) -> (
+        watch::Receiver<Leadership>,
+        JoinHandle<Result<()>>,
+        CancellationToken,
+        Status,
+    ) {
+        let elector =
+            LeaderElector::new(Api::namespaced(fake.client(), "default"), config).expect("valid");
+        let status = elector.status();
+        let token = CancellationToken::new();
+        let (rx, handle) = elector.spawn(token.clone());
+        (rx, handle, token, status)
+    }
+
+    fn held_by(holder: &str, transitions: i32) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("lease".into()),
+                namespace: Some("default".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(record(holder, transitions).to_spec()),
+        }
+    }
+
+    fn stored_record(fake: &fake::Fake) -> Record {
+        Record::from_spec(fake.state().lease.as_ref().and_then(|l| l.spec.as_ref()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn creates_renews_and_releases() {
+        let fake = fake::Fake::default();
+        let mut c = fast_config("me");
+        c.labels.insert("k".into(), "v".into());
+        let (mut rx, handle, token, status) = spawn_on(&fake, c);
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let created = stored_record(&fake);
+        assert_eq!((created.holder.as_str(), created.transitions), ("me", 0));
+        assert_eq!(created.lease_duration_seconds, 4);
+        assert_eq!(status.holder().as_deref(), Some("me"));
+
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        let renewed = stored_record(&fake);
+        assert_eq!(renewed.acquire_time, created.acquire_time);
+        assert_eq!(renewed.transitions, 0);
+        assert_eq!(
+            fake.state().writes.len(),
+            4,
+            "create + one renewal per second"
+        );
+        assert!(fake.state().writes.iter().all(|l| {
+            l.metadata
+                .labels
+                .as_ref()
+                .and_then(|m| m.get("k"))
+                .map(String::as_str)
+                == Some("v")
+        }));
+        assert_eq!(status.check(HEALTH_TOLERANCE), Ok(()));
+
+        token.cancel();
+        handle.await.expect("task").expect("released");
+        assert!(!rx.borrow().is_leading());
+        let released = stored_record(&fake);
+        assert_eq!(released.holder, "");
+        assert_eq!(released.lease_duration_seconds, 1);
+        assert_eq!(released.transitions, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn takes_over_a_stale_foreign_lease_after_lease_duration() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 2));
+        let start = Instant::now();
+        let (mut rx, _handle, _token, status) = spawn_on(&fake, fast_config("me"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            *rx.borrow(),
+            Leadership::Standby {
+                holder: Some("other".into())
+            }
+        );
+        assert_eq!(status.holder().as_deref(), Some("other"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let waited = start.elapsed();
+        assert!(
+            waited > Duration::from_secs(4) && waited < Duration::from_millis(6300),
+            "took over after {waited:?}"
+        );
+        let r = stored_record(&fake);
+        assert_eq!((r.holder.as_str(), r.transitions), ("me", 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewing_foreign_holder_is_never_displaced() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 0));
+        let (rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
+        for i in 0..20 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut lease = fake.state().lease.clone().expect("lease");
+            let mut r = stored_record(&fake);
+            r.renew_time = Some(MicroTime(Timestamp::constant(i, 0)));
+            lease.spec = Some(r.to_spec());
+            fake.put(lease);
+            assert!(!rx.borrow().is_leading());
+        }
+        assert_eq!(stored_record(&fake).holder, "other");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_leading_when_renewals_fail_for_the_renew_deadline() {
+        let fake = fake::Fake::default();
+        let (mut rx, _handle, _token, status) = spawn_on(&fake, fast_config("me"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let last_renew = status.last_renew().expect("renewed");
+        fake.state().fail = true;
+        rx.wait_for(|l| !l.is_leading()).await.expect("loses");
+        // client-go: the failing round starts a retry period after the last renewal and lasts
+        // the renew deadline (1 s + 3 s here), still within the lease duration (4 s).
+        let lost_after = last_renew.elapsed();
+        assert!(
+            lost_after <= Duration::from_secs(4),
+            "lost {lost_after:?} after the last renewal, beyond the renew deadline"
+        );
+        assert!(
+            lost_after >= Duration::from_secs(3),
+            "gave up early: {lost_after:?}"
+        );
+        // It competes again once the API server recovers.
+        fake.state().fail = false;
+        rx.wait_for(Leadership::is_leading)
+            .await
+            .expect("leads again");
+    }
+
+    /// With client-go's default timings (retry 5 s, renew deadline 10 s) one failed renewal
+    /// is retried within the round; leadership survives a server that answers 503 briefly.
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_renewal_error_does_not_cost_leadership() {
+        let fake = fake::Fake::default();
+        let mut c = Config::new("lease", "default", "me");
+        c.release_on_cancel = true;
+        let (mut rx, _handle, _token, status) = spawn_on(&fake, c);
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let mut changes = rx.clone();
+        changes.mark_unchanged();
+        // The next renewal's fast-path update and its fallback read both fail.
+        fake.state().fail_next = 2;
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        assert_eq!(fake.state().fail_next, 0, "the failing renewal happened");
+        assert!(rx.borrow().is_leading());
+        assert!(
+            !changes.has_changed().expect("elector alive"),
+            "leadership never flipped"
+        );
+        assert!(status.last_renew().expect("renewed").elapsed() < Duration::from_secs(5));
+    }
+
+    /// After a cut-off long enough to lose the Lease, it is taken back within moments of the
+    /// API server answering again, not a jittered retry period (up to 11 s) later.
+    #[tokio::test(start_paused = true)]
+    async fn leadership_lost_to_a_cut_off_comes_back_soon_after_it() {
+        let fake = fake::Fake::default();
+        let mut c = Config::new("lease", "default", "me");
+        c.release_on_cancel = true;
+        let (mut rx, _handle, _token, _status) = spawn_on(&fake, c);
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        fake.state().fail = true;
+        rx.wait_for(|l| !l.is_leading()).await.expect("loses");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        fake.state().fail = false;
+        let back = Instant::now();
+        rx.wait_for(Leadership::is_leading)
+            .await
+            .expect("leads again");
+        assert!(
+            back.elapsed() <= ERROR_RETRY_MAX,
+            "took {:?} to lead again",
+            back.elapsed()
+        );
+    }
+
+    fn fed_elector(fake: &fake::Fake) -> (LeaderElector, watch::Sender<Option<Lease>>) {
+        let (feed, rx) = watch::channel(None);
+        let elector = LeaderElector::new(
+            Api::namespaced(fake.client(), "default"),
+            Config::new("lease", "default", "me"),
+        )
+        .expect("valid")
+        .with_feed(rx);
+        (elector, feed)
+    }
+
+    /// A Lease handed over (vacated by its holder) is taken as soon as the watch shows it,
+    /// not a jittered retry period later.
+    #[tokio::test(start_paused = true)]
+    async fn a_fed_candidate_takes_a_vacated_lease_at_once() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 0));
+        let (elector, feed) = fed_elector(&fake);
+        let token = CancellationToken::new();
+        let (mut rx, _handle) = elector.spawn(token.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!rx.borrow().is_leading());
+        // The holder hands it over; the watch shows it.
+        let mut lease = fake.state().lease.clone().expect("lease");
+        lease.spec = Some(release_record(&record("other", 0), Timestamp::now()).to_spec());
+        fake.put(lease);
+        let vacated = Instant::now();
+        feed.send_replace(fake.state().lease.clone());
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        assert!(
+            vacated.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            vacated.elapsed()
+        );
+        token.cancel();
+    }
+
+    /// A holder that dies is replaced one lease duration after its last renewal as the watch
+    /// showed it (client-go's rule), not after a further retry period of polling.
+    #[tokio::test(start_paused = true)]
+    async fn a_fed_candidate_takes_over_when_the_lease_expires() {
+        let fake = fake::Fake::default();
+        fake.put(held_by("other", 0));
+        let (elector, feed) = fed_elector(&fake);
+        let token = CancellationToken::new();
+        let (mut rx, _handle) = elector.spawn(token.clone());
+        // The holder renews three times, each renewal seen through the watch, then dies.
+        for i in 0..3 {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let mut lease = fake.state().lease.clone().expect("lease");
+            let mut r = stored_record(&fake);
+            r.renew_time = Some(MicroTime(Timestamp::constant(1000 + i, 0)));
+            lease.spec = Some(r.to_spec());
+            fake.put(lease);
+            feed.send_replace(fake.state().lease.clone());
+        }
+        let died = Instant::now();
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let took = died.elapsed();
+        assert!(
+            took >= DEFAULT_LEASE_DURATION
+                && took <= DEFAULT_LEASE_DURATION + Duration::from_millis(200),
+            "took over {took:?} after the last renewal"
+        );
+        token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_leading_at_once_when_another_candidate_holds_the_lease() {
+        let fake = fake::Fake::default();
+        let (mut rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let mut lease = fake.state().lease.clone().expect("lease");
+        lease.spec = Some(record("intruder", 1).to_spec());
+        fake.put(lease);
+        let start = Instant::now();
+        rx.wait_for(|l| !l.is_leading()).await.expect("loses");
+        assert!(start.elapsed() <= Duration::from_millis(1100));
+        assert_eq!(
+            *rx.borrow(),
+            Leadership::Standby {
+                holder: Some("intruder".into())
+            }
+        );
+    }
+}
