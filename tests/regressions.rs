@@ -15,9 +15,10 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use attacher_hub::config::Settings;
 use attacher_hub::csi::Address;
 use attacher_hub::hub::Registry;
-use attacher_hub::hub::driver::{Driver, Origin, Settings};
+use attacher_hub::hub::driver::{Driver, Origin};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};

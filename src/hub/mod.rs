@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 pub mod driver;
 
+use crate::config::Settings;
 use crate::{
     config,
     csi::Address,
@@ -36,7 +37,7 @@ use crate::{
     },
     metrics::{CsiOperations, HubMetrics},
 };
-use driver::{Driver, Origin, Settings, State};
+use driver::{Driver, Origin, State};
 
 /// How often queue gauges are refreshed.
 const GAUGE_REFRESH: Duration = Duration::from_secs(1);

@@ -18,18 +18,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
+    config::Settings,
     controller::{
         Handler, Synced,
         csi_handler::{self, CsiHandler},
         predicate::should_enqueue_va_change,
         trivial_handler::TrivialHandler,
     },
-    csi::{self, Address, CallMetrics, Capabilities, Connection, DriverClient},
+    csi::{self, CallMetrics, Capabilities, Connection, DriverClient},
     hub::Shared,
-    k8s::{
-        Writer,
-        budget::{ApiBudget, Limit},
-    },
+    k8s::{Writer, budget::ApiBudget},
     leader::{self, AcquireGate, LeaderElector, Leadership},
     names::{PV_QUEUE_NAME, VA_QUEUE_NAME},
     queue::Queue,
@@ -41,62 +39,6 @@ const RESTART_BACKOFF_START: Duration = Duration::from_secs(1);
 const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Where a container writes why it died (read by the kubelet).
 const TERMINATION_LOG: &str = "/dev/termination-log";
-
-/// Leader-election settings of one driver.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaderSettings {
-    /// Lease namespace.
-    pub namespace: String,
-    /// Our holder identity.
-    pub identity: String,
-    /// Lease duration.
-    pub lease_duration: Duration,
-    /// Renew deadline.
-    pub renew_deadline: Duration,
-    /// Retry period.
-    pub retry_period: Duration,
-    /// Labels put on the Lease.
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// Vacate the Lease on shutdown so the next leader starts at once.
-    pub release_on_exit: bool,
-}
-
-/// Everything configurable per driver (flags give the defaults; `drivers.yaml`
-/// may override per driver).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
-    /// The driver socket.
-    pub address: Address,
-    /// The name the driver must report, if configured.
-    pub expected_name: Option<String>,
-    /// Deadline of publish/unpublish, of each Probe, and of a reconcile pass.
-    pub timeout: Duration,
-    /// Workers for attaches (VAs without deletion timestamp) and for PVs.
-    pub attach_workers: usize,
-    /// Workers for detaches (VAs being deleted).
-    pub detach_workers: usize,
-    /// First retry delay of a failed item.
-    pub retry_interval_start: Duration,
-    /// Cap of the retry delay.
-    pub retry_interval_max: Duration,
-    /// Pause between reconciler passes.
-    pub reconcile_sync: Duration,
-    /// `max_entries` of ListVolumes (0: no limit).
-    pub max_entries: i32,
-    /// fsType for PVs without one.
-    pub default_fstype: String,
-    /// The driver's own API budget (`--kube-api-qps`/`--kube-api-burst`, as its sidecar had).
-    pub api_budget: Limit,
-    /// `None`: this replica always acts for the driver.
-    pub leader_election: Option<LeaderSettings>,
-    /// Exit the process (code 1) when the connection drops, as the Go
-    /// sidecar does; otherwise reconnect and re-detect capabilities.
-    pub exit_on_connection_loss: bool,
-    /// Write `errorCode` into `attachError` for gRPC errors.
-    pub save_error_code: bool,
-    /// Bound for in-flight work when leadership ends or the process stops.
-    pub drain_timeout: Duration,
-}
 
 /// Where a driver is in its life.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -1,0 +1,204 @@
+//! Why a driver list was refused: [`Error`] names the file, line, column and field; [`Problem`]
+//! says what is wrong; [`Invalid`] is a problem at a field path before it is placed in the text.
+
+use std::{path::PathBuf, time::Duration};
+
+use crate::cli::{DurationError, GoDuration};
+use crate::csi::Address;
+
+/// Why the driver list was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("{}: cannot be read", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML, does not match the schema, or holds an invalid value.
+    #[error("{file}:{line}:{column}: {}{problem}", field_prefix(.field.as_deref()))]
+    Invalid {
+        /// The file, as given on the command line.
+        file: String,
+        /// 1-based line of the offending key, entry or token.
+        line: u64,
+        /// 1-based column.
+        column: u64,
+        /// The field path (`drivers[1].timeout`); `None` for syntax errors.
+        field: Option<String>,
+        /// What is wrong (boxed: keeps `Result`s small).
+        problem: Box<Problem>,
+    },
+}
+
+fn field_prefix(field: Option<&str>) -> String {
+    field.map(|f| format!("{f}: ")).unwrap_or_default()
+}
+
+/// What is wrong with a field (the part of an [`Error::Invalid`] after the field path).
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum Problem {
+    /// Not YAML, or not the expected shape (the parser's own words).
+    #[error("{0}")]
+    Syntax(String),
+    /// Longer than [`MAX_FILE_BYTES`]; the position is where the limit was passed.
+    #[error("the file is longer than {max} bytes, the most a driver list may have")]
+    TooLong {
+        /// [`MAX_FILE_BYTES`].
+        max: usize,
+    },
+    /// Not UTF-8; the position is that of the first invalid byte.
+    #[error("not UTF-8: invalid byte 0x{byte:02x}")]
+    NotUtf8 {
+        /// The first invalid byte.
+        byte: u8,
+    },
+    /// More entries than [`MAX_DRIVERS`]; the position is the first one too many.
+    #[error("more than {max} drivers")]
+    TooManyDrivers {
+        /// [`MAX_DRIVERS`].
+        max: usize,
+    },
+    /// The drivers up to this one run more workers than [`MAX_HUB_WORKERS`].
+    #[error(
+        "the drivers up to this one run {total} workers in all (attach, detach and PersistentVolume pools), more than {max}"
+    )]
+    TooManyWorkers {
+        /// Workers of the drivers up to and including this one.
+        total: u64,
+        /// [`MAX_HUB_WORKERS`].
+        max: u64,
+    },
+    /// No `drivers`, or an empty list, without discovery.
+    #[error("at least one driver is required")]
+    NoDrivers,
+    /// Not a Unix socket address with an absolute path.
+    #[error("invalid address {0:?}: must be unix:///absolute/path or /absolute/path")]
+    Address(String),
+    /// An empty string where a value is needed.
+    #[error("must not be empty")]
+    Empty,
+    /// Not a Go duration.
+    #[error("invalid duration {value:?}{}", duration_reason(reason))]
+    Duration {
+        /// The value as written.
+        value: String,
+        /// Why it is not a duration.
+        reason: DurationError,
+    },
+    /// Zero or negative where only positive values make sense.
+    #[error("must be greater than zero, not {0}")]
+    NotPositive(String),
+    /// Negative where zero means "off".
+    #[error("must not be negative, not {0}")]
+    Negative(String),
+    /// `kubeApiQps: 0`, which client-go would read as its default of 5.
+    #[error(
+        "must not be {0}: write the requests per second (the client-go default is 5), or a negative number for no limit"
+    )]
+    ZeroQps(String),
+    /// A number above the bound of the setting (see the `MAX_*` constants of [`cli`]).
+    #[error("must be at most {max}, not {value}")]
+    TooLarge {
+        /// The value (durations as written, numbers as read).
+        value: String,
+        /// The bound.
+        max: String,
+    },
+    /// A lease duration under [`cli::MIN_LEASE_DURATION`].
+    #[error("must be at least 1s, not {0}: a Lease holds whole seconds")]
+    LeaseTooShort(String),
+    /// `retryIntervalMax` below `retryIntervalStart` (after defaults are applied).
+    #[error(
+        "retryIntervalMax ({}) must not be less than retryIntervalStart ({})",
+        GoDuration(*max),
+        GoDuration(*start)
+    )]
+    RetryMaxBelowStart {
+        /// First retry delay.
+        start: Duration,
+        /// Cap of the retry delay.
+        max: Duration,
+    },
+    /// The Lease would expire before the leader gives up renewing it.
+    #[error(
+        "leaseDuration ({}) must be greater than renewDeadline ({})",
+        GoDuration(*lease_duration),
+        GoDuration(*renew_deadline)
+    )]
+    LeaseNotLongerThanRenewDeadline {
+        /// Lease duration in effect.
+        lease_duration: Duration,
+        /// Renew deadline in effect.
+        renew_deadline: Duration,
+    },
+    /// The leader would give up before its last retry could succeed.
+    #[error(
+        "renewDeadline ({}) must be greater than 1.2 × retryPeriod ({})",
+        GoDuration(*renew_deadline),
+        GoDuration(*retry_period)
+    )]
+    RenewDeadlineNotLongerThanRetry {
+        /// Renew deadline in effect.
+        renew_deadline: Duration,
+        /// Retry period in effect.
+        retry_period: Duration,
+    },
+    /// Two entries for one socket.
+    #[error("socket {address} is already the address of {other} (line {other_line})")]
+    DuplicateAddress {
+        /// The socket.
+        address: Address,
+        /// The earlier entry (`drivers[0]`).
+        other: String,
+        /// Its line.
+        other_line: u64,
+    },
+    /// Two entries expecting the same driver name.
+    #[error("driver name {name:?} is already configured for {other} (line {other_line})")]
+    DuplicateName {
+        /// The name.
+        name: String,
+        /// The earlier entry.
+        other: String,
+        /// Its line.
+        other_line: u64,
+    },
+    /// Two different names that sanitize alike, so the drivers would share finalizer and Lease.
+    #[error(
+        "driver names {name:?} and {other_name:?} ({other}, line {other_line}) both use the finalizer {finalizer:?}"
+    )]
+    SanitizedNameCollision {
+        /// This entry's name.
+        name: String,
+        /// The earlier entry's name.
+        other_name: String,
+        /// The earlier entry.
+        other: String,
+        /// Its line.
+        other_line: u64,
+        /// The shared finalizer.
+        finalizer: String,
+    },
+}
+
+fn duration_reason(reason: &DurationError) -> String {
+    match reason {
+        DurationError::Invalid(_) => String::new(),
+        DurationError::MissingUnit(_) => ": missing unit".to_owned(),
+        DurationError::UnknownUnit { unit, .. } => format!(": unknown unit {unit:?}"),
+    }
+}
+
+/// A problem at a field path, before it is placed in the text ([`File::validate`]'s error).
+#[derive(Debug, PartialEq)]
+pub struct Invalid {
+    /// The field path, e.g. `drivers[1].timeout`; the location of the nearest written
+    /// ancestor is used when the field itself is absent from the file.
+    pub field: String,
+    /// What is wrong (boxed: keeps `Result`s small).
+    pub problem: Box<Problem>,
+}

@@ -1,0 +1,369 @@
+//! Checking a parsed driver list: every entry's values and bounds, the flags' defaults applied
+//! to what it leaves out, and no two entries for one socket or one finalizer. Pure: the places
+//! of the problems in the text are filled in by [`parse`](super::parse).
+
+use std::{collections::HashMap, time::Duration};
+
+use super::bounds::{MAX_DRIVERS, MAX_HUB_WORKERS};
+use super::defaults::Defaults;
+use super::error::{Invalid, Problem};
+use super::file::{DriverEntry, File, LeaderElection, LeaderElectionSettings, WorkerThreads};
+use super::settings::{Config, LeaderSettings, Settings};
+use crate::cli::{self, GoDuration};
+use crate::csi::Address;
+use crate::k8s::budget::Limit;
+
+/// `client-go`'s leader-election jitter factor.
+const LEADER_ELECTION_JITTER_FACTOR: f64 = 1.2;
+
+impl File {
+    /// Checks every entry and applies `defaults` to what it leaves out. `discovery`: drivers
+    /// also come from `--driver-sockets`, so an empty list is fine. Pure: the places of the
+    /// problems are filled in by [`parse`].
+    pub fn validate(&self, defaults: &Defaults, discovery: bool) -> Result<Config, Invalid> {
+        if self.drivers.is_empty() && !discovery {
+            return Err(invalid("drivers", Problem::NoDrivers));
+        }
+        if self.drivers.len() > MAX_DRIVERS {
+            return Err(invalid(
+                format!("drivers[{MAX_DRIVERS}]"),
+                Problem::TooManyDrivers { max: MAX_DRIVERS },
+            ));
+        }
+        let drivers: Vec<Settings> = self
+            .drivers
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| entry.validate(&format!("drivers[{i}]"), defaults))
+            .collect::<Result<_, _>>()?;
+        let mut total: u64 = 0;
+        for (i, d) in drivers.iter().enumerate() {
+            // Each count is at most `cli::MAX_WORKERS`: no overflow.
+            total += 2 * d.attach_workers as u64 + d.detach_workers as u64;
+            if total > MAX_HUB_WORKERS {
+                return Err(invalid(
+                    format!("drivers[{i}].workerThreads"),
+                    Problem::TooManyWorkers {
+                        total,
+                        max: MAX_HUB_WORKERS,
+                    },
+                ));
+            }
+        }
+        Ok(Config {
+            drivers,
+            hub_api_cap: self.hub_api_cap(defaults)?,
+        })
+    }
+
+    /// `hubKubeApiQps`/`hubKubeApiBurst`, each defaulting to its flag.
+    fn hub_api_cap(&self, defaults: &Defaults) -> Result<Limit, Invalid> {
+        if self.hub_kube_api_qps.is_none() && self.hub_kube_api_burst.is_none() {
+            return Ok(defaults.hub_api_cap);
+        }
+        let (flag_qps, flag_burst) = match defaults.hub_api_cap {
+            Limit::Unlimited => (0.0, 0),
+            Limit::Rate { qps, burst } => (qps, burst),
+        };
+        let qps = match self.hub_kube_api_qps {
+            None => flag_qps,
+            Some(q) if q < 0.0 => {
+                return Err(invalid("hubKubeApiQps", Problem::Negative(q.to_string())));
+            }
+            Some(q) => qps_at_most_max("hubKubeApiQps", q)?,
+        };
+        let burst = match self.hub_kube_api_burst {
+            None if self.hub_kube_api_qps.is_some() => 0,
+            None => flag_burst,
+            Some(b) => bounded("hubKubeApiBurst", b, 0, cli::MAX_API_BURST)?,
+        };
+        Ok(Limit::cap(qps, burst))
+    }
+}
+
+fn invalid(field: impl Into<String>, problem: Problem) -> Invalid {
+    Invalid {
+        field: field.into(),
+        problem: Box::new(problem),
+    }
+}
+
+/// `value` within `min..=max` (`min` 0 or 1, `max` at most `u32::MAX`), as a `u32`.
+fn bounded(field: &str, value: i64, min: i64, max: i64) -> Result<u32, Invalid> {
+    let problem = if value < min {
+        if min == 0 {
+            Problem::Negative(value.to_string())
+        } else {
+            Problem::NotPositive(value.to_string())
+        }
+    } else if value > max {
+        Problem::TooLarge {
+            value: value.to_string(),
+            max: max.to_string(),
+        }
+    } else {
+        // Within `min..=max`, so within `u32`.
+        return Ok(u32::try_from(value).unwrap_or(u32::MAX));
+    };
+    Err(invalid(field, problem))
+}
+
+/// A QPS not above [`cli::MAX_API_QPS`] (NaN and infinity are above it).
+fn qps_at_most_max(field: &str, qps: f64) -> Result<f64, Invalid> {
+    if qps <= cli::MAX_API_QPS {
+        Ok(qps)
+    } else {
+        Err(invalid(
+            field,
+            Problem::TooLarge {
+                value: qps.to_string(),
+                max: cli::MAX_API_QPS.to_string(),
+            },
+        ))
+    }
+}
+
+impl DriverEntry {
+    fn validate(&self, at: &str, defaults: &Defaults) -> Result<Settings, Invalid> {
+        let field = |name: &str| format!("{at}.{name}");
+        let address = self
+            .address
+            .parse::<Address>()
+            .ok()
+            .filter(|a| a.path().is_absolute())
+            .ok_or_else(|| invalid(field("address"), Problem::Address(self.address.clone())))?;
+        let mut s = defaults.settings_for(address);
+        if let Some(name) = &self.name {
+            if name.is_empty() {
+                return Err(invalid(field("name"), Problem::Empty));
+            }
+            s.expected_name = Some(name.clone());
+        }
+        let duration = |name: &str, value: &Option<String>, default: Duration| {
+            value
+                .as_deref()
+                .map_or(Ok(default), |v| positive_duration(&field(name), v))
+        };
+        s.timeout = duration("timeout", &self.timeout, s.timeout)?;
+        s.retry_interval_start = duration(
+            "retryIntervalStart",
+            &self.retry_interval_start,
+            s.retry_interval_start,
+        )?;
+        s.retry_interval_max = duration(
+            "retryIntervalMax",
+            &self.retry_interval_max,
+            s.retry_interval_max,
+        )?;
+        if s.retry_interval_max < s.retry_interval_start {
+            let name = if self.retry_interval_max.is_some() {
+                "retryIntervalMax"
+            } else {
+                "retryIntervalStart"
+            };
+            return Err(invalid(
+                field(name),
+                Problem::RetryMaxBelowStart {
+                    start: s.retry_interval_start,
+                    max: s.retry_interval_max,
+                },
+            ));
+        }
+        s.reconcile_sync = duration("reconcileSync", &self.reconcile_sync, s.reconcile_sync)?;
+        match &self.worker_threads {
+            None => {}
+            Some(WorkerThreads::Both(n)) => {
+                let n = workers(&field("workerThreads"), *n)?;
+                (s.attach_workers, s.detach_workers) = (n, n);
+            }
+            Some(WorkerThreads::Pools(p)) => {
+                s.attach_workers = workers(&field("workerThreads.attach"), p.attach)?;
+                s.detach_workers = workers(&field("workerThreads.detach"), p.detach)?;
+            }
+        }
+        if let Some(n) = self.max_entries {
+            let n = bounded(&field("maxEntries"), n, 0, cli::MAX_LIST_ENTRIES)?;
+            // At most `MAX_LIST_ENTRIES`, which is `i32::MAX`.
+            s.max_entries = i32::try_from(n).unwrap_or(i32::MAX);
+        }
+        if let Some(fstype) = &self.default_fstype {
+            s.default_fstype = fstype.clone();
+        }
+        if self.kube_api_qps.is_some() || self.kube_api_burst.is_some() {
+            let qps = match self.kube_api_qps {
+                None => defaults.kube_api_qps,
+                // 0 would silently mean client-go's default of 5: ask for what is meant.
+                Some(q) if q == 0.0 => {
+                    return Err(invalid(
+                        field("kubeApiQps"),
+                        Problem::ZeroQps(q.to_string()),
+                    ));
+                }
+                // Negative: no limit, as client-go reads it.
+                Some(q) => qps_at_most_max(&field("kubeApiQps"), q)?,
+            };
+            let burst = match self.kube_api_burst {
+                None => defaults.kube_api_burst,
+                Some(b) => bounded(&field("kubeApiBurst"), b, 1, cli::MAX_API_BURST)?,
+            };
+            s.api_budget = Limit::client_go(qps, burst);
+        }
+        if let Some(le) = &self.leader_election {
+            s.leader_election = leader_election(&field("leaderElection"), le, defaults)?;
+        }
+        Ok(s)
+    }
+}
+
+/// A worker count in `1..=cli::MAX_WORKERS`.
+fn workers(field: &str, n: i64) -> Result<usize, Invalid> {
+    let max = i64::try_from(cli::MAX_WORKERS).unwrap_or(i64::MAX);
+    let n = bounded(field, n, 1, max)?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// A Go duration greater than zero and at most [`cli::MAX_DURATION`].
+fn positive_duration(field: &str, value: &str) -> Result<Duration, Invalid> {
+    let nanos = cli::parse_go_duration(value).map_err(|reason| {
+        invalid(
+            field,
+            Problem::Duration {
+                value: value.to_owned(),
+                reason,
+            },
+        )
+    })?;
+    match u64::try_from(nanos) {
+        Ok(n) if n > 0 => {
+            let d = Duration::from_nanos(n);
+            if d > cli::MAX_DURATION {
+                let max = GoDuration(cli::MAX_DURATION).to_string();
+                let value = value.to_owned();
+                return Err(invalid(field, Problem::TooLarge { value, max }));
+            }
+            Ok(d)
+        }
+        _ => Err(invalid(field, Problem::NotPositive(value.to_owned()))),
+    }
+}
+
+fn leader_election(
+    at: &str,
+    le: &LeaderElection,
+    defaults: &Defaults,
+) -> Result<Option<LeaderSettings>, Invalid> {
+    let flags = &defaults.leader_election;
+    let o = match le {
+        LeaderElection::Enabled(false) => return Ok(None),
+        LeaderElection::Enabled(true) => &LeaderElectionSettings::default(),
+        LeaderElection::Settings(o) => o,
+    };
+    let field = |name: &str| format!("{at}.{name}");
+    let duration = |name: &str, value: &Option<String>, default: Duration| {
+        value
+            .as_deref()
+            .map_or(Ok(default), |v| positive_duration(&field(name), v))
+    };
+    let lease_duration = duration("leaseDuration", &o.lease_duration, flags.lease_duration)?;
+    let renew_deadline = duration("renewDeadline", &o.renew_deadline, flags.renew_deadline)?;
+    let retry_period = duration("retryPeriod", &o.retry_period, flags.retry_period)?;
+    if o.namespace.as_deref() == Some("") {
+        return Err(invalid(field("namespace"), Problem::Empty));
+    }
+    if o.enabled == Some(false) {
+        return Ok(None);
+    }
+    // The field to blame: the first of `candidates` written in the file, else the object.
+    let blame = |candidates: [(&str, bool); 2]| {
+        candidates
+            .iter()
+            .find(|(_, written)| *written)
+            .map_or_else(|| at.to_owned(), |(name, _)| field(name))
+    };
+    if lease_duration <= renew_deadline {
+        return Err(invalid(
+            blame([
+                ("leaseDuration", o.lease_duration.is_some()),
+                ("renewDeadline", o.renew_deadline.is_some()),
+            ]),
+            Problem::LeaseNotLongerThanRenewDeadline {
+                lease_duration,
+                renew_deadline,
+            },
+        ));
+    }
+    // Go truncates the product to whole nanoseconds.
+    let jittered_retry = (LEADER_ELECTION_JITTER_FACTOR * retry_period.as_nanos() as f64) as u128;
+    if renew_deadline.as_nanos() <= jittered_retry {
+        return Err(invalid(
+            blame([
+                ("renewDeadline", o.renew_deadline.is_some()),
+                ("retryPeriod", o.retry_period.is_some()),
+            ]),
+            Problem::RenewDeadlineNotLongerThanRetry {
+                renew_deadline,
+                retry_period,
+            },
+        ));
+    }
+    if lease_duration < cli::MIN_LEASE_DURATION {
+        let blamed = match o.lease_duration {
+            Some(_) => field("leaseDuration"),
+            None => at.to_owned(),
+        };
+        let problem = Problem::LeaseTooShort(GoDuration(lease_duration).to_string());
+        return Err(invalid(blamed, problem));
+    }
+    let mut settings =
+        defaults.leader_settings(o.namespace.as_deref().or(flags.namespace.as_deref()));
+    settings.lease_duration = lease_duration;
+    settings.renew_deadline = renew_deadline;
+    settings.retry_period = retry_period;
+    if let Some(labels) = &o.labels {
+        settings.labels = labels.clone();
+    }
+    Ok(Some(settings))
+}
+
+/// Refuses two entries for one socket, one name, or two names that share a finalizer.
+pub(crate) fn check_unique(settings: &[Settings]) -> Result<(), (Invalid, usize)> {
+    let mut addresses: HashMap<&Address, usize> = HashMap::new();
+    let mut names: HashMap<String, (usize, &str)> = HashMap::new();
+    for (i, s) in settings.iter().enumerate() {
+        if let Some(&other) = addresses.get(&s.address) {
+            let problem = Problem::DuplicateAddress {
+                address: s.address.clone(),
+                other: format!("drivers[{other}]"),
+                other_line: 0,
+            };
+            return Err((invalid(format!("drivers[{i}].address"), problem), other));
+        }
+        addresses.insert(&s.address, i);
+        let Some(name) = s.expected_name.as_deref() else {
+            continue;
+        };
+        let sanitized = crate::names::sanitize_driver_name(name);
+        if let Some(&(other_index, other_name)) = names.get(&sanitized) {
+            let at = format!("drivers[{i}].name");
+            let (other, other_line) = (format!("drivers[{other_index}]"), 0);
+            let problem = if other_name == name {
+                Problem::DuplicateName {
+                    name: name.to_owned(),
+                    other,
+                    other_line,
+                }
+            } else {
+                Problem::SanitizedNameCollision {
+                    name: name.to_owned(),
+                    other_name: other_name.to_owned(),
+                    other,
+                    other_line,
+                    finalizer: format!("{}{sanitized}", crate::names::FINALIZER_PREFIX),
+                }
+            };
+            return Err((invalid(at, problem), other_index));
+        }
+        names.insert(sanitized, (i, name));
+    }
+    Ok(())
+}
