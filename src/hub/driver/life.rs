@@ -1,0 +1,217 @@
+//! One driver's life: connect, probe, learn its name and capabilities, register, then hold (or
+//! wait for) its Lease term after term; start over when the connection drops or a step fails.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{
+    Driver, Origin, State,
+    context::Shared,
+    term::{Outcome, Term},
+    write,
+};
+use crate::{
+    controller::{
+        Handler,
+        csi_handler::{self, CsiHandler},
+        translation::is_migration_driver,
+        trivial_handler::TrivialHandler,
+    },
+    csi::{self, CallMetrics, Capabilities, Connection, DriverClient},
+    k8s::{budget::ApiBudget, writer::Writer},
+};
+
+/// First pause after a failed start-up step of a driver.
+const RESTART_BACKOFF_START: Duration = Duration::from_secs(1);
+
+/// Longest pause between start-up attempts of a failing driver.
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Where a container writes why it died (read by the kubelet).
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+impl Driver {
+    /// Runs the driver until `stop` is cancelled: connect, probe, register,
+    /// lead, work; start over on connection loss or a failed step.
+    pub async fn run(self: Arc<Self>, shared: Arc<Shared>, stop: CancellationToken) {
+        let mut backoff = RESTART_BACKOFF_START;
+        loop {
+            let outcome = self.clone().run_once(&shared, &stop).await;
+            if let Some(name) = self.name() {
+                shared.names.unregister(&name, &self);
+            }
+            match outcome {
+                Outcome::Stopped => {
+                    self.set_state(State::Stopped);
+                    return;
+                }
+                Outcome::ConnectionLost => {
+                    if self.settings.exit_on_connection_loss {
+                        let msg = "Lost connection to CSI driver, exiting";
+                        tracing::error!("{msg}");
+                        let _ = std::fs::write(TERMINATION_LOG, msg);
+                        std::process::exit(1);
+                    }
+                    tracing::warn!("lost connection to the CSI driver; reconnecting");
+                    write(&self.info).last_error = Some("lost connection to the CSI driver".into());
+                    backoff = RESTART_BACKOFF_START;
+                }
+                Outcome::Failed(reason) => {
+                    self.set_state(State::Failed { reason });
+                    tokio::select! {
+                        () = stop.cancelled() => {
+                            self.set_state(State::Stopped);
+                            return;
+                        }
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    async fn run_once(self: Arc<Self>, shared: &Arc<Shared>, stop: &CancellationToken) -> Outcome {
+        self.set_state(State::Connecting);
+        let connection = tokio::select! {
+            () = stop.cancelled() => return Outcome::Stopped,
+            c = Connection::connect(self.settings.address.clone(), None) => match c {
+                Ok(c) => c,
+                Err(e) => return Outcome::Failed(e.to_string()),
+            },
+        };
+        let mut losses = connection.losses();
+        losses.mark_unchanged();
+        let mut client = DriverClient::new(&connection, CallMetrics::new(shared.csi_ops.clone()))
+            .with_max_log_length(shared.max_grpc_log_length);
+
+        self.set_state(State::NotReady);
+        let ready = tokio::select! {
+            () = stop.cancelled() => return Outcome::Stopped,
+            _ = losses.changed() => return Outcome::ConnectionLost,
+            r = csi::probe::probe_until_ready(&client, self.settings.timeout) => r,
+        };
+        if let Err(e) = ready {
+            return Outcome::Failed(format!("probe failed: {e}"));
+        }
+        let name = match csi::probe::plugin_name(&client).await {
+            Ok(n) => n,
+            Err(e) => return Outcome::Failed(format!("GetPluginInfo failed: {e}")),
+        };
+        if let Some(expected) = &self.settings.expected_name
+            && *expected != name
+        {
+            return Outcome::Failed(format!(
+                "driver at {} reports name {name:?}, but the configuration expects {expected:?}",
+                self.settings.address
+            ));
+        }
+        client
+            .metrics_mut()
+            .set_driver(&name, is_migration_driver(&name));
+        let caps = match csi::probe::capabilities(&client).await {
+            Ok(c) => c,
+            Err(e) => return Outcome::Failed(format!("capability detection failed: {e}")),
+        };
+        {
+            let mut info = write(&self.info);
+            info.name = Some(name.clone());
+            info.capabilities = Some(caps);
+        }
+        if self.origin == Origin::Discovered && !caps.controller_service {
+            tracing::info!(driver = %name, "discovered socket has no controller service; recording it as a node plugin");
+            self.set_state(State::NoControllerService);
+            return tokio::select! {
+                () = stop.cancelled() => Outcome::Stopped,
+                _ = losses.changed() => Outcome::ConnectionLost,
+            };
+        }
+        if let Err(reason) = shared.names.register(&name, &self) {
+            return Outcome::Failed(reason);
+        }
+        let span = tracing::info_span!("driver", driver = %name);
+        tracing::info!(parent: &span, ?caps, "driver ready");
+        self.clone()
+            .serve(shared, stop, &name, caps, client, losses)
+            .instrument(span)
+            .await
+    }
+
+    /// Holds (or waits for) the Lease and runs the workers while leading.
+    /// When the hub asks this replica to hand the driver over (leadership
+    /// balancing), the Lease is vacated and the election starts again.
+    async fn serve(
+        self: Arc<Self>,
+        shared: &Arc<Shared>,
+        stop: &CancellationToken,
+        name: &str,
+        caps: Capabilities,
+        client: DriverClient,
+        mut losses: tokio::sync::watch::Receiver<u64>,
+    ) -> Outcome {
+        let handler = Arc::new(self.build_handler(shared, name, caps, client));
+        loop {
+            match self
+                .clone()
+                .serve_term(shared, stop, name, &handler, &mut losses)
+                .await
+            {
+                Term::Over(outcome) => return outcome,
+                Term::HandedOver => {
+                    tracing::info!("handed the driver over to another replica");
+                    // Give the others a retry period to pick the Lease up
+                    // before this replica competes for it again.
+                    let pause = self
+                        .settings
+                        .leader_election
+                        .as_ref()
+                        .map_or(Duration::ZERO, |le| le.retry_period);
+                    tokio::select! {
+                        () = stop.cancelled() => return Outcome::Stopped,
+                        _ = losses.changed() => return Outcome::ConnectionLost,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn build_handler(
+        &self,
+        shared: &Shared,
+        name: &str,
+        caps: Capabilities,
+        client: DriverClient,
+    ) -> Handler {
+        let limit = self.settings.api_budget;
+        let budget = ApiBudget::new(
+            name,
+            limit,
+            shared.api_cap.clone(),
+            shared.metrics.api_observer(name, limit.qps()),
+        );
+        *write(&self.budget) = Some(budget.clone());
+        let writer = Writer::new(shared.client.clone(), budget)
+            .with_request_counter(shared.metrics.api_requests.clone(), name);
+        if caps.needs_attach() {
+            Handler::Csi(Box::new(CsiHandler::new(
+                name.to_string(),
+                client,
+                caps,
+                writer,
+                shared.stores.clone(),
+                csi_handler::Config {
+                    timeout: self.settings.timeout,
+                    default_fstype: self.settings.default_fstype.clone(),
+                    max_entries: self.settings.max_entries,
+                    save_error_code: self.settings.save_error_code,
+                },
+            )))
+        } else {
+            tracing::info!("driver does not attach; using the trivial handler");
+            Handler::Trivial(TrivialHandler::new(writer))
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! One election term of a driver: stand for its Lease (if it has leader election), run the
+//! workers while leading, and end on stop, connection loss, a lost Lease or a hand-over, in two
+//! phases (drain the work, then vacate the Lease).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use tokio_util::sync::CancellationToken;
+
+use super::{Driver, State, context::Shared, workers::Workers, write};
+use crate::{
+    controller::Handler,
+    leader::{self, AcquireGate, LeaderElector, Leadership},
+};
+
+/// How one election term ended.
+pub(super) enum Term {
+    /// The driver's life ends (stop, connection loss, failure).
+    Over(Outcome),
+    /// The Lease was handed to another replica; stand again.
+    HandedOver,
+}
+
+/// How one life of a driver ended.
+pub(super) enum Outcome {
+    Stopped,
+    ConnectionLost,
+    Failed(String),
+}
+
+impl Driver {
+    /// One term of the election: from candidacy to stop, loss, or hand-over.
+    pub(super) async fn serve_term(
+        self: Arc<Self>,
+        shared: &Arc<Shared>,
+        stop: &CancellationToken,
+        name: &str,
+        handler: &Arc<Handler>,
+        losses: &mut tokio::sync::watch::Receiver<u64>,
+    ) -> Term {
+        let election = CancellationToken::new();
+        let (mut leadership, election_task) = match &self.settings.leader_election {
+            None => {
+                let (tx, rx) = tokio::sync::watch::channel(Leadership::Leading);
+                drop(tx);
+                (rx, None)
+            }
+            Some(le) => {
+                let lease = crate::names::lease_name(name);
+                write(&self.info).lease = Some(lease.clone());
+                let config_name = lease.clone();
+                let config = leader::Config {
+                    name: lease,
+                    namespace: le.namespace.clone(),
+                    identity: le.identity.clone(),
+                    lease_duration: le.lease_duration,
+                    renew_deadline: le.renew_deadline,
+                    retry_period: le.retry_period,
+                    labels: le.labels.clone(),
+                    release_on_cancel: le.release_on_exit,
+                };
+                let api = Api::<Lease>::namespaced(shared.leader_client.clone(), &le.namespace);
+                let elector = match LeaderElector::new(api, config) {
+                    Ok(e) => e,
+                    Err(e) => return Term::Over(Outcome::Failed(format!("leader election: {e}"))),
+                };
+                let balance = shared.balance.clone();
+                let feed = shared
+                    .lease_feeds
+                    .entry(config_name.clone())
+                    .or_insert_with(|| tokio::sync::watch::channel(None).0)
+                    .subscribe();
+                let elector = elector
+                    .with_acquire_gate(AcquireGate(Arc::new(move || balance.may_acquire())))
+                    .with_feed(feed);
+                shared
+                    .leader_status
+                    .insert(name.to_string(), elector.status());
+                let (rx, task) = elector.spawn(election.clone());
+                (rx, Some(task))
+            }
+        };
+        let balanced = election_task.is_some();
+
+        let mut workers: Option<Workers> = None;
+        let term = loop {
+            let leading = leadership.borrow_and_update().clone();
+            match (&leading, workers.is_some()) {
+                (Leadership::Leading, false) => {
+                    self.set_state(State::Leading);
+                    shared.metrics.set_leader(name, true);
+                    if balanced {
+                        shared.balance.set_leading(true);
+                    }
+                    workers = Some(self.clone().start_workers(shared, handler));
+                }
+                (Leadership::Standby { holder }, running) => {
+                    if running && let Some(w) = workers.take() {
+                        // Another replica may lead already: stop at once, as the Go sidecar
+                        // does by exiting. Keys cut short go back to their queues.
+                        tracing::warn!("lost leadership; stopping workers now");
+                        self.abort_workers(w).await;
+                        shared.balance.set_leading(false);
+                    }
+                    shared.metrics.set_leader(name, false);
+                    write(&self.info).lease_holder = holder.clone();
+                    self.set_state(State::Standby);
+                }
+                _ => {}
+            }
+            if leading.is_leading() && balanced {
+                write(&self.info).lease_holder =
+                    shared.leader_status.get(name).and_then(|s| s.holder());
+            }
+            tokio::select! {
+                () = stop.cancelled() => break Term::Over(Outcome::Stopped),
+                _ = losses.changed() => break Term::Over(Outcome::ConnectionLost),
+                () = self.hand_over.notified(), if workers.is_some() && balanced => break Term::HandedOver,
+                changed = leadership.changed() => if changed.is_err() && balanced {
+                    // The elector ended on its own: treat as a lost lease.
+                    break Term::Over(Outcome::Failed("leader election ended".into()));
+                } else if changed.is_err() {
+                    // No leader election: wait for stop or loss only.
+                    tokio::select! {
+                        () = stop.cancelled() => break Term::Over(Outcome::Stopped),
+                        _ = losses.changed() => break Term::Over(Outcome::ConnectionLost),
+                    }
+                },
+            }
+        };
+
+        // Phase 1: stop taking work; let in-flight calls finish within a bound.
+        if let Some(w) = workers.take() {
+            self.stop_workers(w).await;
+            if balanced {
+                shared.balance.set_leading(false);
+            }
+        }
+        // Phase 2: vacate the Lease so the next leader starts at once.
+        election.cancel();
+        if let Some(task) = election_task {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease failed"),
+                Err(e) => tracing::warn!(error = %e, "leader election task failed"),
+            }
+        }
+        shared.leader_status.remove(name);
+        shared.lease_feeds.remove(&crate::names::lease_name(name));
+        shared.metrics.set_leader(name, false);
+        if matches!(term, Term::HandedOver) {
+            write(&self.info).lease_holder = None;
+            self.set_state(State::Standby);
+        }
+        term
+    }
+}
