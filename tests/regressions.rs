@@ -268,27 +268,37 @@ async fn a_hand_over_leaves_no_gap() {
             spec(&world, &cluster.kubeconfig, &host_b, Some(Timings::DEFAULT)).hostname(&host_b),
         )
         .await;
-        // Poll both Leases: from the moment one is vacated to the moment B holds it.
+        // Poll both Leases: from the moment one is vacated to the moment B holds it. B's
+        // elector, fed by its Lease watch, may take a vacated Lease between two polls; then the
+        // gap is at most the time since the poll that still saw A hold it.
+        let a_identity = sanitize_driver_name(&host_a);
         let b_identity = sanitize_driver_name(&host_b);
         let start = Instant::now();
         let mut vacated: std::collections::HashMap<String, Instant> = Default::default();
+        let mut held_by_a: std::collections::HashMap<String, Instant> = Default::default();
         let gap = 'poll: loop {
             assert!(
                 start.elapsed() < Duration::from_secs(60),
                 "no hand-over within 60 s"
             );
             for n in &names {
+                let polled = Instant::now();
                 let holder = lease(&world.client, &world.namespace, n)
                     .await
                     .spec
                     .and_then(|s| s.holder_identity)
                     .unwrap_or_default();
                 if holder.is_empty() {
-                    vacated.entry(n.clone()).or_insert_with(Instant::now);
-                } else if holder == b_identity
-                    && let Some(v) = vacated.get(n)
-                {
-                    break 'poll v.elapsed();
+                    vacated.entry(n.clone()).or_insert(polled);
+                } else if holder == a_identity {
+                    held_by_a.insert(n.clone(), polled);
+                } else if holder == b_identity {
+                    if let Some(v) = vacated.get(n) {
+                        break 'poll v.elapsed();
+                    }
+                    if let Some(a) = held_by_a.get(n) {
+                        break 'poll a.elapsed();
+                    }
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
