@@ -198,6 +198,43 @@ async fn wait_for_signal() {
     }
 }
 
+/// The `attacher-hub` process: with a first argument `status`, the `status` subcommand;
+/// otherwise parse the command line, set up logging and run the hub. Returns the exit code: 0,
+/// 1 for a fatal error, 2 for bad input (a flag, the driver file, the glob).
+pub fn main() -> std::process::ExitCode {
+    // Before the sidecar's Go-style flag parser, for which `status` would be
+    // a positional argument that ends flag parsing.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "status") {
+        return crate::status::main(std::env::args_os().skip(2));
+    }
+    let (args, warnings) = crate::cli::parse_env_or_exit();
+    crate::telemetry::init_with_verbosity(args.logging.format, args.logging.verbosity);
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "Version");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(error) => {
+            eprintln!("attacher-hub: starting the async runtime failed: {error}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            let code = error.exit_code();
+            if code == 2 {
+                // Bad input: one plain line, like a flag error.
+                eprintln!("attacher-hub: {}", error_chain(&error));
+            } else {
+                tracing::error!(error = %error_chain(&error), "fatal");
+            }
+            std::process::ExitCode::from(code)
+        }
+    }
+}
+
 /// Runs the process: builds the configuration and runs the hub until a
 /// signal arrives.
 pub async fn run(args: Args) -> Result<(), Error> {

@@ -207,6 +207,8 @@ impl Driver {
         read(&self.handler)
     }
 
+    // === events (called by the router through the hub; must not block) ===
+
     /// A VA of this driver was added or changed.
     pub fn on_va(&self, old: Option<&VolumeAttachment>, new: &VolumeAttachment) {
         let Some(handler) = self.handler() else {

@@ -1,0 +1,128 @@
+//! The outcome of parsing a command line: run ([`Parsed::Run`]), print and exit
+//! ([`Parsed::Exit`]), or refuse ([`Error`], which carries the exit code).
+
+use std::time::Duration;
+
+use super::args::Args;
+use super::values::GoDuration;
+
+/// The outcome of a successful parse.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Parsed {
+    /// Run with these arguments; the warnings (ignored legacy flags, …) should be logged once
+    /// logging is set up.
+    Run(Box<Args>, Vec<String>),
+    /// Print and exit without running: `--help` (usage on stderr, code 0) or `--version`
+    /// (stdout, code 0).
+    Exit {
+        /// Process exit code.
+        code: i32,
+        /// Text for stdout.
+        stdout: String,
+        /// Text for stderr.
+        stderr: String,
+    },
+}
+
+/// Why the command line was rejected. [`Error::exit_code`] gives the process exit code: 2 for a
+/// flag that could not be parsed, 1 for a parsed but invalid configuration (as the Go sidecar).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum Error {
+    /// Unknown flag, missing or unparsable value (Go `flag` error, exit 2).
+    #[error("{message}")]
+    Usage {
+        /// The error line, as Go's `flag` package words it.
+        message: String,
+        /// The usage text printed after it.
+        usage: String,
+    },
+    /// `--logging-format` names no known format.
+    #[error("--logging-format: unsupported value {0:?}: supported values: \"json\", \"text\"")]
+    LoggingFormat(String),
+    /// `--vmodule` together with a format other than text.
+    #[error("--vmodule is only supported with --logging-format=text")]
+    VmoduleWithoutText,
+    /// An alpha logging option was set; it needs the `LoggingAlphaOptions` gate, which cannot be
+    /// enabled from the command line.
+    #[error("--{0} cannot be used: feature gate LoggingAlphaOptions is disabled")]
+    AlphaLoggingOption(&'static str),
+    /// `--feature-gates` names an unknown gate.
+    #[error("unrecognized feature gate: {0}")]
+    UnknownFeatureGate(String),
+    /// `--metrics-address` and `--http-endpoint` were both set.
+    #[error("Only one of `--metrics-address` and `--http-endpoint` can be set")]
+    MetricsAndHttpEndpoint,
+    /// `--worker-threads=0`.
+    #[error("Option -worker-threads must be greater than zero")]
+    ZeroWorkerThreads,
+    /// A negative API burst or cap (client-go would fail every request with a negative burst),
+    /// or a negative `--max-entries` (the CSI spec forbids it).
+    #[error("--{flag} must not be negative, not {value}")]
+    Negative {
+        /// The flag name.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+    },
+    /// A number Go accepts but above attacher-hub's bound for it (the `MAX_*` constants).
+    #[error("--{flag} must be at most {max}, not {value}")]
+    TooLarge {
+        /// The flag name.
+        flag: &'static str,
+        /// The bound.
+        max: String,
+        /// The value given (durations as Go prints them).
+        value: String,
+    },
+    /// A leader-election duration is zero (or was negative).
+    #[error("--leader-election-{0} must be greater than zero")]
+    LeaderElectionZero(&'static str),
+    /// `--leader-election-lease-duration` under [`MIN_LEASE_DURATION`].
+    #[error(
+        "--leader-election-lease-duration ({}) must be at least 1s: a Lease holds whole seconds",
+        GoDuration(*.0)
+    )]
+    LeaseDurationTooShort(Duration),
+    /// The lease would expire before the leader gives up renewing it.
+    #[error(
+        "--leader-election-lease-duration ({}) must be greater than --leader-election-renew-deadline ({})",
+        GoDuration(*lease_duration),
+        GoDuration(*renew_deadline)
+    )]
+    LeaseNotLongerThanRenewDeadline {
+        /// `--leader-election-lease-duration`.
+        lease_duration: Duration,
+        /// `--leader-election-renew-deadline`.
+        renew_deadline: Duration,
+    },
+    /// The leader would give up before its last retry could succeed.
+    #[error(
+        "--leader-election-renew-deadline ({}) must be greater than 1.2 × --leader-election-retry-period ({})",
+        GoDuration(*renew_deadline),
+        GoDuration(*retry_period)
+    )]
+    RenewDeadlineNotLongerThanRetry {
+        /// `--leader-election-renew-deadline`.
+        renew_deadline: Duration,
+        /// `--leader-election-retry-period`.
+        retry_period: Duration,
+    },
+}
+
+impl Error {
+    /// The process exit code: 2 for a parse error, 1 for an invalid configuration.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Usage { .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// What to print on stderr: the message, followed by the usage for parse errors.
+    pub fn stderr_text(&self) -> String {
+        match self {
+            Self::Usage { message, usage } => format!("{message}\n{usage}"),
+            other => format!("{other}\n"),
+        }
+    }
+}

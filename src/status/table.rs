@@ -1,0 +1,422 @@
+//! The model of the status (one [`Row`] per driver of `/drivers`, with its VolumeAttachments
+//! counted) and its renderings: the table and the JSON document.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use serde_json::Value;
+
+/// Characters of a driver's last error shown in the table (the JSON output
+/// carries it whole).
+const LAST_ERROR_WIDTH: usize = 100;
+
+/// VolumeAttachments of one driver (`spec.attacher`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// `status.attached: true`.
+    pub attached: usize,
+    /// All of them.
+    pub total: usize,
+    /// With `status.attachError` set.
+    pub failing: usize,
+}
+
+/// One row of the table, taken from a `/drivers` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// The driver's name, or its socket while the name is not known yet.
+    pub driver: String,
+    /// `connecting`, `notReady`, `standby`, `leading`, `failed`, ...
+    pub state: String,
+    /// Why, for a failed driver.
+    pub reason: Option<String>,
+    /// The Lease holder, if any.
+    pub lease_holder: Option<String>,
+    /// Whether the driver runs under leader election.
+    pub leader_election: bool,
+    /// Depths of the attach, detach and PV queues.
+    pub queues: [Option<u64>; 3],
+    /// The VolumeAttachments, when counted.
+    pub attachments: Option<Counts>,
+    /// The driver's last error.
+    pub last_error: Option<String>,
+}
+
+impl Row {
+    /// Ready to act: leading, or standing by while a Lease holder acts.
+    pub fn ready(&self) -> bool {
+        match self.state.as_str() {
+            "leading" => true,
+            "standby" => self.lease_holder.is_some() || !self.leader_election,
+            _ => false,
+        }
+    }
+}
+
+/// The rows of a `/drivers` document, with the VolumeAttachment counts per
+/// driver name when known. Missing fields show as unknown, never fail.
+pub fn rows(drivers: &[Value], counts: Option<&BTreeMap<String, Counts>>) -> Vec<Row> {
+    let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+    drivers
+        .iter()
+        .map(|d| {
+            let name = text(&d["name"]);
+            let queues = ["attach", "detach", "pv"].map(|q| d["queues"][q]["depth"].as_u64());
+            Row {
+                driver: name
+                    .clone()
+                    .or_else(|| text(&d["socket"]))
+                    .unwrap_or_else(|| "?".to_string()),
+                state: text(&d["state"]["state"]).unwrap_or_else(|| "?".to_string()),
+                reason: text(&d["state"]["reason"]),
+                lease_holder: text(&d["leaseHolder"]),
+                leader_election: d["leaderElection"].as_bool().unwrap_or(false),
+                queues,
+                attachments: counts.map(|c| {
+                    name.as_ref()
+                        .and_then(|n| c.get(n))
+                        .copied()
+                        .unwrap_or_default()
+                }),
+                last_error: text(&d["lastError"]),
+            }
+        })
+        .collect()
+}
+
+/// The table: a header, one row per driver, then notes (reasons of failed
+/// drivers, VolumeAttachments with attach errors) and, when counted, the
+/// total of attached VolumeAttachments. Cells other than the last never
+/// contain spaces, so rows split on whitespace.
+pub fn render_table(rows: &[Row]) -> String {
+    const HEADER: [&str; 6] = [
+        "DRIVER",
+        "STATE",
+        "LEASE HOLDER",
+        "QUEUES A/D/PV",
+        "ATTACHED",
+        "LAST ERROR",
+    ];
+    let dash = || "-".to_string();
+    let cells: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            let queues = r
+                .queues
+                .iter()
+                .map(|q| q.map_or_else(|| "?".to_string(), |d| d.to_string()))
+                .collect::<Vec<_>>()
+                .join("/");
+            let attached = r
+                .attachments
+                .map_or_else(dash, |c| format!("{}/{}", c.attached, c.total));
+            let last_error = r.last_error.as_deref().map_or_else(dash, |e| {
+                let one_line = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                truncate(&one_line, LAST_ERROR_WIDTH)
+            });
+            [
+                r.driver.clone(),
+                r.state.clone(),
+                r.lease_holder.clone().unwrap_or_else(dash),
+                queues,
+                attached,
+                last_error,
+            ]
+        })
+        .collect();
+    let mut widths = HEADER.map(|h| h.chars().count());
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |row: [&str; 6]| {
+        let mut out = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            out.push_str(cell);
+            if i + 1 < row.len() {
+                out.push_str(&" ".repeat(w - cell.chars().count() + 2));
+            }
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(HEADER);
+    for row in &cells {
+        out.push_str(&line(row.each_ref().map(String::as_str)));
+    }
+    if rows.is_empty() {
+        out.push_str("(no drivers)\n");
+    }
+    let mut notes = Vec::new();
+    for r in rows {
+        if let Some(reason) = &r.reason {
+            notes.push(format!("{}: {}: {reason}", r.driver, r.state));
+        }
+        if let Some(c) = r.attachments.filter(|c| c.failing > 0) {
+            notes.push(format!(
+                "{}: {} VolumeAttachment(s) with an attach error",
+                r.driver, c.failing
+            ));
+        }
+    }
+    if !notes.is_empty() {
+        out.push('\n');
+        for n in notes {
+            out.push_str(&format!("note: {n}\n"));
+        }
+    }
+    if rows.iter().all(|r| r.attachments.is_some()) && !rows.is_empty() {
+        let (attached, total) = rows
+            .iter()
+            .filter_map(|r| r.attachments)
+            .fold((0, 0), |(a, t), c| (a + c.attached, t + c.total));
+        out.push_str(&format!(
+            "\nattached: {attached}/{total} VolumeAttachments\n"
+        ));
+    }
+    out
+}
+
+pub(crate) fn truncate(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// `-o json`: the `/drivers` entries, each with `volumeAttachments`
+/// (`attached`, `total`, `withAttachError`) when counted.
+pub fn render_json(drivers: &[Value], counts: Option<&BTreeMap<String, Counts>>) -> String {
+    let out: Vec<Value> = drivers
+        .iter()
+        .map(|d| {
+            let mut d = d.clone();
+            if let (Some(counts), Some(obj)) = (counts, d.as_object_mut()) {
+                let c = obj
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .and_then(|n| counts.get(n))
+                    .copied()
+                    .unwrap_or_default();
+                obj.insert(
+                    "volumeAttachments".to_string(),
+                    serde_json::json!({
+                        "attached": c.attached,
+                        "total": c.total,
+                        "withAttachError": c.failing,
+                    }),
+                );
+            }
+            d
+        })
+        .collect();
+    serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
+}
+
+/// Counts VolumeAttachments per `spec.attacher`.
+pub fn count(vas: &[VolumeAttachment]) -> BTreeMap<String, Counts> {
+    let mut counts: BTreeMap<String, Counts> = BTreeMap::new();
+    for va in vas {
+        let c = counts.entry(va.spec.attacher.clone()).or_default();
+        c.total += 1;
+        if let Some(status) = &va.status {
+            c.attached += usize::from(status.attached);
+            c.failing += usize::from(status.attach_error.is_some());
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entry(name: &str, state: &str, holder: Option<&str>, depths: [u64; 3]) -> Value {
+        json!({
+            "socket": format!("unix:///csi/{name}.sock"),
+            "name": name,
+            "state": {"state": state},
+            "lease": format!("external-attacher-leader-{name}"),
+            "leaseHolder": holder,
+            "leaderElection": true,
+            "discovered": false,
+            "queues": {
+                "attach": {"depth": depths[0], "processing": 0, "oldestSeconds": null},
+                "detach": {"depth": depths[1], "processing": 0, "oldestSeconds": null},
+                "pv": {"depth": depths[2], "processing": 0, "oldestSeconds": null},
+            },
+            "lastError": null,
+        })
+    }
+
+    fn va(attacher: &str, attached: bool, error: bool) -> VolumeAttachment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "spec": {"attacher": attacher, "nodeName": "n", "source": {"persistentVolumeName": "pv"}},
+            "status": {
+                "attached": attached,
+                "attachError": if error { json!({"message": "boom"}) } else { Value::Null },
+            },
+        }))
+        .expect("a VolumeAttachment")
+    }
+
+    #[test]
+    fn table_has_one_row_per_driver_with_state_holder_queues_and_attached_counts() {
+        let drivers = vec![
+            entry(
+                "fast.csi.example.com",
+                "leading",
+                Some("hub-0_1a2b"),
+                [3, 0, 1],
+            ),
+            entry(
+                "nfs.csi.example.com",
+                "standby",
+                Some("hub-1_9f8e"),
+                [0, 0, 0],
+            ),
+        ];
+        let counts = count(&[
+            va("fast.csi.example.com", true, false),
+            va("fast.csi.example.com", false, true),
+            va("nfs.csi.example.com", true, false),
+            va("other.csi.example.com", true, false),
+        ]);
+        let table = render_table(&rows(&drivers, Some(&counts)));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "DRIVER                STATE    LEASE HOLDER  QUEUES A/D/PV  ATTACHED  LAST ERROR"
+        );
+        let cells = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            cells(lines[1]),
+            [
+                "fast.csi.example.com",
+                "leading",
+                "hub-0_1a2b",
+                "3/0/1",
+                "1/2",
+                "-"
+            ]
+        );
+        assert_eq!(
+            cells(lines[2]),
+            [
+                "nfs.csi.example.com",
+                "standby",
+                "hub-1_9f8e",
+                "0/0/0",
+                "1/1",
+                "-"
+            ]
+        );
+        // Columns line up: every row's second cell starts under STATE.
+        let col = lines[0].find("STATE").expect("STATE");
+        assert!(lines[1..3].iter().all(|l| l[col..].starts_with(['l', 's'])));
+        assert!(
+            table.contains(
+                "note: fast.csi.example.com: 1 VolumeAttachment(s) with an attach error\n"
+            )
+        );
+        // Only the listed drivers' VolumeAttachments count in the total.
+        assert!(
+            table.ends_with("\nattached: 2/3 VolumeAttachments\n"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn table_without_counts_shows_dashes_and_no_total() {
+        let mut failed = entry("bad.csi.example.com", "failed", None, [0, 0, 0]);
+        failed["state"]["reason"] = json!("GetPluginInfo: deadline exceeded");
+        failed["lastError"] = json!("probe failed:\n  connection refused");
+        let mut connecting = entry("x", "connecting", None, [0, 0, 0]);
+        connecting["name"] = Value::Null;
+        let table = render_table(&rows(&[failed, connecting], None));
+        let lines: Vec<&str> = table.lines().collect();
+        let cells: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "bad.csi.example.com",
+                "failed",
+                "-",
+                "0/0/0",
+                "-",
+                "probe",
+                "failed:",
+                "connection",
+                "refused"
+            ]
+        );
+        // A driver without a name yet shows its socket.
+        assert_eq!(
+            lines[2].split_whitespace().take(3).collect::<Vec<_>>(),
+            ["unix:///csi/x.sock", "connecting", "-"]
+        );
+        assert!(
+            table.contains("note: bad.csi.example.com: failed: GetPluginInfo: deadline exceeded\n")
+        );
+        assert!(!table.contains("attached:"));
+    }
+
+    #[test]
+    fn table_of_no_drivers_says_so_and_long_errors_are_cut() {
+        assert_eq!(
+            render_table(&[]),
+            "DRIVER  STATE  LEASE HOLDER  QUEUES A/D/PV  ATTACHED  LAST ERROR\n(no drivers)\n"
+        );
+        let mut d = entry("d", "leading", Some("h"), [0, 0, 0]);
+        d["lastError"] = json!("x".repeat(300));
+        let table = render_table(&rows(&[d], None));
+        let error = table
+            .lines()
+            .nth(1)
+            .expect("row")
+            .split_whitespace()
+            .last()
+            .expect("cell");
+        assert_eq!(error.chars().count(), LAST_ERROR_WIDTH);
+        assert!(error.ends_with('…'));
+    }
+
+    #[test]
+    fn json_output_adds_volume_attachment_counts_to_each_entry() {
+        let drivers = vec![entry("a", "leading", Some("h"), [0, 0, 0])];
+        let counts = count(&[va("a", true, false), va("a", false, false)]);
+        let out: Value = serde_json::from_str(&render_json(&drivers, Some(&counts))).expect("JSON");
+        assert_eq!(
+            out[0]["volumeAttachments"],
+            json!({"attached": 1, "total": 2, "withAttachError": 0})
+        );
+        assert_eq!(out[0]["leaseHolder"], "h");
+        let out: Value = serde_json::from_str(&render_json(&drivers, None)).expect("JSON");
+        assert_eq!(out, Value::Array(drivers));
+    }
+
+    #[test]
+    fn ready_means_leading_or_standby_behind_a_holder() {
+        let row = |state: &str, holder: Option<&str>, le: bool| Row {
+            driver: "d".into(),
+            state: state.into(),
+            reason: None,
+            lease_holder: holder.map(str::to_string),
+            leader_election: le,
+            queues: [Some(0); 3],
+            attachments: None,
+            last_error: None,
+        };
+        assert!(row("leading", None, true).ready());
+        assert!(row("standby", Some("other"), true).ready());
+        assert!(!row("standby", None, true).ready());
+        assert!(row("standby", None, false).ready());
+        for state in ["connecting", "notReady", "failed", "stopped", "?"] {
+            assert!(!row(state, Some("h"), true).ready(), "{state}");
+        }
+    }
+}
