@@ -15,14 +15,14 @@
 //! so the key is not processed a second time when the old delay expires. The key's failure count
 //! is kept, so the next `add_rate_limited` still backs off further.
 //!
-//! Locking: one `std::sync::Mutex` guards the state and is never held across an `.await`;
+//! Locking: one `parking_lot::Mutex` guards the state and is never held across an `.await`;
 //! waiters sleep on a [`tokio::sync::Notify`] or until the earliest backoff deadline.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -85,11 +85,9 @@ impl Queue {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding this lock can only come from a bug in this module; the state is
-        // still consistent enough to keep serving, so recover instead of poisoning every worker.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        // parking_lot's lock does not poison: a panic while holding it can only come from a bug
+        // in this module, and the state is still consistent enough to keep serving.
+        self.state.lock()
     }
 
     /// Adds `key` for processing now. No-op if already queued; marks it dirty if being processed.

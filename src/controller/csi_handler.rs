@@ -4,7 +4,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    sync::Mutex,
     time::Duration,
 };
 
@@ -12,6 +11,8 @@ use k8s_openapi::{
     api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment},
     apimachinery::pkg::apis::meta::v1::Time,
 };
+
+use parking_lot::Mutex;
 
 use super::{
     capability, error, node_id, patches,
@@ -60,10 +61,6 @@ pub struct CsiHandler {
     attached: Mutex<HashMap<String, (String, String)>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
@@ -92,8 +89,8 @@ impl CsiHandler {
 
     /// Drops per-VA memory of a deleted VA.
     pub fn va_deleted(&self, name: &str) {
-        lock(&self.attached).remove(name);
-        lock(&self.force_sync).remove(name);
+        self.attached.lock().remove(name);
+        self.force_sync.lock().remove(name);
     }
 
     /// Whether `va` is a cached copy older than our own `attached: true`
@@ -101,7 +98,7 @@ impl CsiHandler {
     /// cache has caught up the memory is dropped.
     fn awaiting_echo(&self, va: &VolumeAttachment) -> bool {
         let name = va.metadata.name.as_deref().unwrap_or_default();
-        let mut attached = lock(&self.attached);
+        let mut attached = self.attached.lock();
         let Some((uid, written)) = attached.get(name) else {
             return false;
         };
@@ -124,7 +121,7 @@ impl CsiHandler {
     }
 
     fn take_force_sync(&self, name: &str) -> bool {
-        lock(&self.force_sync).remove(name)
+        self.force_sync.lock().remove(name)
     }
 
     /// `syncAttach` (spec 3.5).
@@ -157,7 +154,7 @@ impl CsiHandler {
                     .map_err(|e| Error::MarkAttached(k8s::error_text(&e)))?;
                 let uid = va.metadata.uid.clone().unwrap_or_default();
                 let rv = written.metadata.resource_version.unwrap_or_default();
-                lock(&self.attached).insert(name, (uid, rv));
+                self.attached.lock().insert(name, (uid, rv));
                 tracing::info!("attached");
                 // A forced sync of a VA that was attached already re-publishes; it is not a
                 // new attach.
@@ -330,7 +327,7 @@ impl CsiHandler {
                 // The API server removed the object with its last finalizer: a status
                 // patch now could only answer 404 (Go sends it anyway; the objects and CSI
                 // calls are the same without it, and the detach costs one write, not two).
-                lock(&self.attached).remove(name);
+                self.attached.lock().remove(name);
                 return Ok(());
             }
         }
@@ -341,7 +338,7 @@ impl CsiHandler {
                 Err(e) => return Err(Error::MarkDetached(k8s::error_text(&e))),
             }
         }
-        lock(&self.attached).remove(name);
+        self.attached.lock().remove(name);
         Ok(())
     }
 
@@ -422,7 +419,7 @@ impl CsiHandler {
                 // worker attaches it meanwhile.
                 let deleting = va.metadata.deletion_timestamp.is_some();
                 if !found || deleting {
-                    lock(&self.force_sync).insert(name.clone());
+                    self.force_sync.lock().insert(name.clone());
                 }
                 out_of_sync.push(name);
             }

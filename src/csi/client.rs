@@ -4,10 +4,11 @@
 use std::{
     collections::HashMap,
     future::Future,
-    sync::{Arc, RwLock},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
+use parking_lot::RwLock;
 use tonic::transport::Channel;
 
 use super::{
@@ -110,18 +111,12 @@ impl CallMetrics {
 
     /// Sets the `driver_name` label and whether the driver is a migration target.
     pub fn set_driver(&mut self, name: &str, migration_target: bool) {
-        if let Ok(mut n) = self.driver_name.write() {
-            *n = name.to_string();
-        }
+        *self.driver_name.write() = name.to_string();
         self.migration_target = migration_target;
     }
 
     fn observe(&self, method: &str, code: &str, migrated: bool, elapsed: Duration) {
-        let driver = self
-            .driver_name
-            .read()
-            .map(|n| n.clone())
-            .unwrap_or_else(|_| UNKNOWN_DRIVER.to_string());
+        let driver = self.driver_name.read().clone();
         let migrated = self.migration_target.then_some(migrated);
         self.ops
             .observe(&driver, method, code, migrated, elapsed.as_secs_f64());

@@ -1,9 +1,10 @@
 //! [`Registry`]: every configured driver slot, and the drivers by the name they report and by
 //! sanitized name (finalizer and Lease names), so that two sockets never serve one name.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use dashmap::DashMap;
+use parking_lot::{Mutex, RwLock};
 
 use super::driver::{Driver, context::Names};
 
@@ -15,21 +16,18 @@ pub struct Registry {
     by_sanitized: DashMap<String, String>,
     /// Held while a name is claimed or released, so that two sockets reporting one name at the
     /// same moment cannot both pass the checks before either inserts (readers never take it).
-    claims: std::sync::Mutex<()>,
+    claims: Mutex<()>,
     /// Every configured slot, named or not, in configuration order.
     slots: RwLock<Vec<Arc<Driver>>>,
     /// Names of removed slots whose metric series are still to be removed.
-    retired: std::sync::Mutex<Vec<String>>,
+    retired: Mutex<Vec<String>>,
 }
 
 impl Registry {
     /// Claims `name` for `driver`. Refused when another socket already serves
     /// the name, or when another name sanitizes to the same finalizer/Lease.
     pub fn register(&self, name: &str, driver: &Arc<Driver>) -> Result<(), String> {
-        let _claim = self
-            .claims
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _claim = self.claims.lock();
         let sanitized = crate::names::sanitize_driver_name(name);
         if let Some(existing) = self.by_name.get(name)
             && !Arc::ptr_eq(existing.value(), driver)
@@ -57,10 +55,7 @@ impl Registry {
 
     /// Releases `name` if `driver` holds it.
     pub fn unregister(&self, name: &str, driver: &Arc<Driver>) {
-        let _claim = self
-            .claims
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _claim = self.claims.lock();
         let removed = self
             .by_name
             .remove_if(name, |_, d| Arc::ptr_eq(d, driver))
@@ -85,42 +80,25 @@ impl Registry {
 
     /// Adds a configured slot.
     pub fn add_slot(&self, driver: Arc<Driver>) {
-        self.slots
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(driver);
+        self.slots.write().push(driver);
     }
 
     /// Removes a slot (its driver has stopped); its name, if it had one, is retired.
     pub fn remove_slot(&self, driver: &Arc<Driver>) {
-        self.slots
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|d| !Arc::ptr_eq(d, driver));
+        self.slots.write().retain(|d| !Arc::ptr_eq(d, driver));
         if let Some(name) = driver.name() {
-            self.retired
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(name);
+            self.retired.lock().push(name);
         }
     }
 
     /// The names of the slots removed since the last call.
     pub fn take_retired(&self) -> Vec<String> {
-        std::mem::take(
-            &mut *self
-                .retired
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        std::mem::take(&mut *self.retired.lock())
     }
 
     /// Every configured slot.
     pub fn slots(&self) -> Vec<Arc<Driver>> {
-        self.slots
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.slots.read().clone()
     }
 }
 

@@ -18,12 +18,13 @@
 use std::{
     collections::{HashMap, VecDeque},
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
+use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::{sync::oneshot, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -42,10 +43,6 @@ const LONG_WAIT: Duration = Duration::from_millis(50);
 const EXTRA_LONG_WAIT: Duration = Duration::from_secs(1);
 /// See [`EXTRA_LONG_WAIT`].
 const INFO_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 // === limits ===
 
@@ -302,7 +299,7 @@ impl FairCap {
     /// Changes the limit (a reloaded `drivers.yaml`); waiting requests are re-dispatched.
     pub fn set_limit(&self, limit: Limit) {
         let changed = {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             let changed = state.bucket.limit != limit;
             state.bucket.set_limit(limit, Instant::now());
             changed
@@ -315,7 +312,7 @@ impl FairCap {
 
     /// The current limit.
     pub fn limit(&self) -> Limit {
-        lock(&self.state).bucket.limit
+        self.state.lock().bucket.limit
     }
 
     fn member(&self) -> u64 {
@@ -326,7 +323,7 @@ impl FairCap {
     /// set. Cancel-safe: a dropped call uses no token.
     async fn acquire(&self, member: u64) -> bool {
         let rx = {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             let now = Instant::now();
             // Nobody is queued: take a token if there is one, as an unfair bucket would.
             if state.turn.is_empty() && state.bucket.try_take(now) {
@@ -350,7 +347,7 @@ impl FairCap {
     /// Hands tokens to waiting drivers until `stop` is cancelled.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         loop {
-            let next = lock(&self.state).dispatch(Instant::now());
+            let next = self.state.lock().dispatch(Instant::now());
             let sleep = async {
                 match next {
                     Some(wait) => tokio::time::sleep(wait).await,
@@ -364,13 +361,13 @@ impl FairCap {
             }
         }
         // Let every waiting request through: nothing will dispatch them any more.
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         state.turn.clear();
         state.waiting.clear();
     }
 
     fn status(&self) -> CapStatus {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let (limit, tokens) = state.bucket.state(Instant::now());
         CapStatus {
             limit,
@@ -408,7 +405,7 @@ struct Reservation<'a> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.armed {
-            lock(self.bucket).refund();
+            self.bucket.lock().refund();
         }
     }
 }
@@ -452,7 +449,7 @@ impl ApiBudget {
         let _waiting = Waiting(&self.waiting);
         let mut limiter = None;
 
-        let wait = lock(&self.own).reserve(started);
+        let wait = self.own.lock().reserve(started);
         if !wait.is_zero() {
             let mut reservation = Reservation {
                 bucket: &self.own,
@@ -485,7 +482,7 @@ impl ApiBudget {
         };
         let info = waited > EXTRA_LONG_WAIT && {
             let now = Instant::now();
-            let mut last = lock(&self.last_info_log);
+            let mut last = self.last_info_log.lock();
             let due = last.is_none_or(|t| now.saturating_duration_since(t) >= INFO_LOG_INTERVAL);
             if due {
                 *last = Some(now);
@@ -501,7 +498,7 @@ impl ApiBudget {
 
     /// The current settings and state, for `/drivers`.
     pub fn status(&self) -> BudgetStatus {
-        let (limit, tokens) = lock(&self.own).state(Instant::now());
+        let (limit, tokens) = self.own.lock().state(Instant::now());
         let cap = self.cap.status();
         BudgetStatus {
             limit,
@@ -558,10 +555,10 @@ mod tests {
 
     impl Observer for Shared {
         fn waited(&self, waited: Duration) {
-            lock(&self.0.waited).push(waited);
+            self.0.waited.lock().push(waited);
         }
         fn throttled(&self, limiter: Limiter) {
-            lock(&self.0.throttled).push(limiter);
+            self.0.throttled.lock().push(limiter);
         }
     }
 
@@ -622,7 +619,7 @@ mod tests {
             b.acquire("PATCH", "x").await;
         }
         assert_eq!(start.elapsed(), Duration::ZERO);
-        assert!(lock(&counts.throttled).is_empty());
+        assert!(counts.throttled.lock().is_empty());
         // Ten more at 10/s: the tenth passes one second later.
         let mut order = Vec::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -649,7 +646,7 @@ mod tests {
             last >= Duration::from_millis(999) && last <= Duration::from_millis(1001),
             "{last:?}"
         );
-        assert_eq!(lock(&counts.throttled).len(), 10);
+        assert_eq!(counts.throttled.lock().len(), 10);
         assert_eq!(b.status().throttled_total, 10);
     }
 
@@ -669,7 +666,7 @@ mod tests {
         let start = Instant::now();
         quiet.acquire("PATCH", "y").await;
         assert_eq!(start.elapsed(), Duration::ZERO);
-        assert!(lock(&quiet_counts.throttled).is_empty());
+        assert!(quiet_counts.throttled.lock().is_empty());
         flood.abort_all();
     }
 
@@ -714,14 +711,14 @@ mod tests {
         let waited = start.elapsed();
         // Two drivers take turns: the quiet one gets the token after next at the latest.
         assert!(waited <= Duration::from_millis(201), "{waited:?}");
-        assert_eq!(*lock(&quiet_counts.throttled), vec![Limiter::Hub]);
+        assert_eq!(*quiet_counts.throttled.lock(), vec![Limiter::Hub]);
         let status = quiet.status();
         assert!(status.hub_cap.is_some());
-        assert!(!lock(&flood_counts.throttled).is_empty());
+        assert!(!flood_counts.throttled.lock().is_empty());
 
         // The cap still paces the flood: after 5 s about 50 of its requests passed.
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let passed = lock(&flood_counts.waited).len();
+        let passed = flood_counts.waited.lock().len();
         assert!((45..=56).contains(&passed), "{passed}");
         stop.cancel();
         pump.await.expect("pump");
@@ -750,7 +747,7 @@ mod tests {
         other.acquire("PATCH", "y").await;
         other.acquire("PATCH", "y").await;
         assert!(start.elapsed() <= Duration::from_millis(501));
-        assert_eq!(lock(&other_counts.waited).len(), 2);
+        assert_eq!(other_counts.waited.lock().len(), 2);
         stop.cancel();
         pump.await.expect("pump");
         slow_tasks.abort_all();

@@ -11,10 +11,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{
-        Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::atomic::{AtomicUsize, Ordering},
     time::Duration,
 };
 
@@ -24,16 +21,13 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{Api, api::PostParams};
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::names::{REPLICA_GROUP_LABEL, REPLICA_LABEL, replica_lease_name};
 
 /// Longest wait for deleting the presence Lease on shutdown.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(2);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// How many driver Leases this replica may hold, and how many it holds.
 #[derive(Debug, Default)]
@@ -81,7 +75,7 @@ impl Balance {
     /// group's drivers divided by the replicas live *now*. A replica that died stops counting
     /// the moment its presence Lease expires, not at the next round.
     pub fn share(&self) -> usize {
-        let shares = lock(&self.shares);
+        let shares = self.shares.lock();
         if !shares.counted || shares.drivers == 0 {
             return usize::MAX;
         }
@@ -97,7 +91,7 @@ impl Balance {
 
     /// The group's drivers and the expiry of each other live replica's presence.
     fn set(&self, drivers: usize, others: Vec<Instant>) {
-        *lock(&self.shares) = Shares {
+        *self.shares.lock() = Shares {
             counted: true,
             drivers,
             others,

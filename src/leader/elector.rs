@@ -609,7 +609,9 @@ mod tests {
     /// server, for driving the elector's loops under paused time.
     mod fake {
         use std::convert::Infallible;
-        use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+        use std::sync::Arc;
+
+        use parking_lot::{Mutex, MutexGuard};
 
         use http::{Method, Request, Response, StatusCode};
         use k8s_openapi::api::coordination::v1::Lease;
@@ -637,7 +639,7 @@ mod tests {
 
         impl Fake {
             pub(super) fn state(&self) -> MutexGuard<'_, State> {
-                self.0.lock().unwrap_or_else(PoisonError::into_inner)
+                self.0.lock()
             }
 
             /// Stores `lease` as if another client wrote it.

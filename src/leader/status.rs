@@ -1,9 +1,10 @@
 //! The `/healthz/leader-election` and `/drivers` view of an elector: who holds the Lease, and
 //! whether a leader still renews it (client-go's `HealthzAdaptor`).
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use super::config::Config;
@@ -59,9 +60,9 @@ impl Status {
         }
     }
 
-    /// Locks the state; a poisoned lock still holds consistent plain data.
+    /// Locks the state.
     pub(crate) fn lock(&self) -> MutexGuard<'_, StatusInner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock()
     }
 
     /// Identity of the current holder as last observed (ours while we lead).

@@ -1,10 +1,9 @@
 //! Per-key async locks, so that a VA moving from the attach to the detach queue is never worked
 //! on by two workers at once; an entry disappears when its last holder is done.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+use std::{collections::HashMap, sync::Arc};
+
+use parking_lot::Mutex;
 
 /// Per-key async locks; entries disappear when the last holder is done.
 #[derive(Debug, Default)]
@@ -19,10 +18,7 @@ pub(super) struct KeyGuard<'a> {
 impl KeyLocks {
     pub(super) async fn lock(&self, key: &str) -> KeyGuard<'_> {
         let m = {
-            let mut map = self
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut map = self.0.lock();
             map.entry(key.to_string()).or_default().clone()
         };
         let guard = m.lock_owned().await;
@@ -37,11 +33,7 @@ impl KeyLocks {
 impl Drop for KeyGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        let mut map = self
-            .locks
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self.locks.0.lock();
         if map
             .get(&self.key)
             .is_some_and(|m| Arc::strong_count(m) == 1)

@@ -10,7 +10,6 @@ use super::{
     Driver, Origin, State,
     context::Shared,
     term::{Outcome, Term},
-    write,
 };
 use crate::{
     controller::{
@@ -55,7 +54,7 @@ impl Driver {
                         std::process::exit(1);
                     }
                     tracing::warn!("lost connection to the CSI driver; reconnecting");
-                    write(&self.info).last_error = Some("lost connection to the CSI driver".into());
+                    self.info.write().last_error = Some("lost connection to the CSI driver".into());
                     backoff = RESTART_BACKOFF_START;
                 }
                 Outcome::Failed(reason) => {
@@ -116,7 +115,7 @@ impl Driver {
             Err(e) => return Outcome::Failed(format!("capability detection failed: {e}")),
         };
         {
-            let mut info = write(&self.info);
+            let mut info = self.info.write();
             info.name = Some(name.clone());
             info.capabilities = Some(caps);
         }
@@ -192,7 +191,7 @@ impl Driver {
             shared.api_cap.clone(),
             shared.metrics.api_observer(name, limit.qps()),
         );
-        *write(&self.budget) = Some(budget.clone());
+        *self.budget.write() = Some(budget.clone());
         let writer = Writer::new(shared.client.clone(), budget)
             .with_request_counter(shared.metrics.api_requests.clone(), name);
         if caps.needs_attach() {

@@ -14,9 +14,10 @@ mod life;
 mod term;
 mod workers;
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
+use parking_lot::RwLock;
 use serde::Serialize;
 
 use crate::{
@@ -109,19 +110,6 @@ pub struct Driver {
     hand_over: tokio::sync::Notify,
 }
 
-fn read<T: Clone>(l: &RwLock<T>) -> T {
-    peek(l, T::clone)
-}
-
-/// Reads one part of a locked value without cloning the rest.
-fn peek<T, R>(l: &RwLock<T>, f: impl FnOnce(&T) -> R) -> R {
-    f(&l.read().unwrap_or_else(std::sync::PoisonError::into_inner))
-}
-
-fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Driver {
     /// A driver slot for `settings`; [`Driver::run`] brings it to life.
     pub fn new(settings: Settings, origin: Origin) -> Arc<Self> {
@@ -156,25 +144,25 @@ impl Driver {
 
     /// The driver name, once it has told it.
     pub fn name(&self) -> Option<String> {
-        peek(&self.info, |i| i.name.clone())
+        self.info.read().name.clone()
     }
 
     /// The current state.
     pub fn state(&self) -> State {
-        peek(&self.info, |i| i.state.clone()).unwrap_or(State::Connecting)
+        self.info.read().state.clone().unwrap_or(State::Connecting)
     }
 
     fn set_state(&self, state: State) {
         if let State::Failed { reason } = &state {
             tracing::warn!(%reason, "driver failed; retrying");
-            write(&self.info).last_error = Some(reason.clone());
+            self.info.write().last_error = Some(reason.clone());
         }
-        write(&self.info).state = Some(state);
+        self.info.write().state = Some(state);
     }
 
     /// The `/drivers` entry.
     pub fn describe(&self) -> serde_json::Value {
-        let info = read(&self.info);
+        let info = self.info.read().clone();
         serde_json::json!({
             "socket": self.settings.address.to_string(),
             "name": info.name,
@@ -190,7 +178,7 @@ impl Driver {
                 "pv": { "depth": self.pv_queue.len(), "processing": self.pv_queue.processing_len(), "oldestSeconds": self.pv_queue.oldest_age().map(|d| d.as_secs_f64()) },
             },
             "lastError": info.last_error,
-            "apiBudget": read(&self.budget).map(|b| b.status()),
+            "apiBudget": self.budget.read().clone().map(|b| b.status()),
         })
     }
 
@@ -204,7 +192,7 @@ impl Driver {
     }
 
     fn handler(&self) -> Option<Arc<Handler>> {
-        read(&self.handler)
+        self.handler.read().clone()
     }
 
     // === events (called by the router through the hub; must not block) ===

@@ -8,7 +8,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
-use super::{Driver, State, context::Shared, workers::Workers, write};
+use super::{Driver, State, context::Shared, workers::Workers};
 use crate::{
     controller::Handler,
     leader::{self, AcquireGate, LeaderElector, Leadership},
@@ -48,7 +48,7 @@ impl Driver {
             }
             Some(le) => {
                 let lease = crate::names::lease_name(name);
-                write(&self.info).lease = Some(lease.clone());
+                self.info.write().lease = Some(lease.clone());
                 let config_name = lease.clone();
                 let config = leader::Config {
                     name: lease,
@@ -104,13 +104,13 @@ impl Driver {
                         shared.balance.set_leading(false);
                     }
                     shared.metrics.set_leader(name, false);
-                    write(&self.info).lease_holder = holder.clone();
+                    self.info.write().lease_holder = holder.clone();
                     self.set_state(State::Standby);
                 }
                 _ => {}
             }
             if leading.is_leading() && balanced {
-                write(&self.info).lease_holder =
+                self.info.write().lease_holder =
                     shared.leader_status.get(name).and_then(|s| s.holder());
             }
             tokio::select! {
@@ -150,7 +150,7 @@ impl Driver {
         shared.lease_feeds.remove(&crate::names::lease_name(name));
         shared.metrics.set_leader(name, false);
         if matches!(term, Term::HandedOver) {
-            write(&self.info).lease_holder = None;
+            self.info.write().lease_holder = None;
             self.set_state(State::Standby);
         }
         term

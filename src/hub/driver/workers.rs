@@ -8,7 +8,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Driver, Kind, context::Shared, guard::guarded, write};
+use super::{Driver, Kind, context::Shared, guard::guarded};
 use crate::{
     controller::{Handler, Synced},
     queue::Queue,
@@ -43,7 +43,7 @@ impl Driver {
     ) -> Workers {
         let token = CancellationToken::new();
         let mut set = JoinSet::new();
-        *write(&self.handler) = Some(handler.clone());
+        *self.handler.write() = Some(handler.clone());
         let name = self.name().unwrap_or_default();
         let pools = [
             (Pool::Va(Kind::Attach), self.settings.attach_workers),
@@ -92,7 +92,7 @@ impl Driver {
 
     /// Stops the workers without waiting for in-flight work (leadership is gone).
     pub(super) async fn abort_workers(&self, mut w: Workers) {
-        *write(&self.handler) = None;
+        *self.handler.write() = None;
         w.token.cancel();
         w.set.abort_all();
         while w.set.join_next().await.is_some() {}
@@ -101,7 +101,7 @@ impl Driver {
     /// Stops the workers, letting in-flight work finish within the drain timeout (we still
     /// hold the Lease: shutdown or hand-over).
     pub(super) async fn stop_workers(&self, mut w: Workers) {
-        *write(&self.handler) = None;
+        *self.handler.write() = None;
         w.token.cancel();
         let drained = tokio::time::timeout(self.settings.drain_timeout, async {
             while w.set.join_next().await.is_some() {}
@@ -158,7 +158,7 @@ impl Driver {
                 // A bug, not bad input: keep the worker, retry the key later.
                 tracing::error!(key = %key, %panic, "a sync panicked; retrying the key with backoff");
                 shared.metrics.count_panic(&driver, pool.label());
-                write(&self.info).last_error = Some(format!("{key}: internal error: {panic}"));
+                self.info.write().last_error = Some(format!("{key}: internal error: {panic}"));
                 queue.add_rate_limited(&key);
             }
             shared
@@ -201,7 +201,7 @@ impl Driver {
             }
             Err(error) => {
                 tracing::warn!(parent: &span, %error, "sync failed; retrying with backoff");
-                write(&self.info).last_error = Some(format!("{key}: {error}"));
+                self.info.write().last_error = Some(format!("{key}: {error}"));
                 shared.metrics.count_retry(&driver, queue.name());
                 queue.add_rate_limited(key);
             }
