@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{cli::Args, config, csi::Address, hub, leader};
+use crate::{cli::Args, config, csi::Address, hub, leader, telemetry::error_chain};
 
 /// Why the process could not run; [`Error::exit_code`] gives the exit code.
 #[derive(Debug, thiserror::Error)]
@@ -242,16 +242,4 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let shutdown = shutdown_on_signal();
     hub::run(config, prometheus::Registry::new(), shutdown).await?;
     Ok(())
-}
-
-/// An error and its causes on one line, `: `-separated.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

@@ -1,7 +1,8 @@
 //! Logging set-up: `tracing` with a plain-text or JSON formatter on stderr.
 //!
 //! klog's `-v` verbosity maps to `tracing` levels with [`directive_for_verbosity`]; `RUST_LOG`,
-//! when set, overrides it.
+//! when set, overrides it. Errors are written on one line by [`error_chain`] (every cause) or
+//! [`error_with_root_cause`] (the innermost one, for kube's API errors).
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
@@ -85,6 +86,33 @@ pub fn init(format: Format, default_directive: &str) {
     drop(result);
 }
 
+/// An error and its causes on one line, `: `-separated: how the process prints a fatal error and
+/// how `attacher-hub status` prints a failed read.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `error: root cause` on one line, for logs of API errors: only the innermost cause is appended,
+/// because kube's `Error::Api` already repeats its `Status` in its own message.
+pub fn error_with_root_cause(error: &dyn std::error::Error) -> String {
+    let mut root = None;
+    let mut source = error.source();
+    while let Some(cause) = source {
+        root = Some(cause);
+        source = cause.source();
+    }
+    match root {
+        Some(cause) => format!("{error}: {cause}"),
+        None => error.to_string(),
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +134,28 @@ mod tests {
             let directive = directive_for_verbosity(v);
             assert!(EnvFilter::try_new(&directive).is_ok(), "{directive}");
         }
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Layer(&'static str, #[source] Option<Box<Layer>>);
+
+    #[test]
+    fn chains_name_every_cause_or_only_the_root() {
+        let e = Layer(
+            "cannot update Lease",
+            Some(Box::new(Layer(
+                "ApiError: conflict",
+                Some(Box::new(Layer("conflict", None))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&e),
+            "cannot update Lease: ApiError: conflict: conflict"
+        );
+        assert_eq!(error_with_root_cause(&e), "cannot update Lease: conflict");
+        let alone = Layer("alone", None);
+        assert_eq!(error_chain(&alone), "alone");
+        assert_eq!(error_with_root_cause(&alone), "alone");
     }
 }

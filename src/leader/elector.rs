@@ -23,6 +23,7 @@ use super::record::{
 };
 use super::status::Status;
 use crate::random::random_unit;
+use crate::telemetry::error_with_root_cause;
 
 /// First pause after a failed attempt to acquire (the API server did not answer); it doubles
 /// up to [`ERROR_RETRY_MAX`] (or the retry period, if shorter) while failures go on (see
@@ -250,7 +251,7 @@ impl LeaderElector {
                 }
                 Ok(false) => error_pause = ERROR_RETRY_MIN,
                 Err(e) => {
-                    warn!(error = %error_chain(&e), "failed to acquire lease");
+                    warn!(error = %error_with_root_cause(&e), "failed to acquire lease");
                     pause = pause.min(error_pause);
                     error_pause = (error_pause * 2)
                         .min(ERROR_RETRY_MAX)
@@ -324,7 +325,7 @@ impl LeaderElector {
                         warn!("the lease was taken over by another candidate");
                         return LeadEnd::Lost;
                     }
-                    Err(e) => warn!(error = %error_chain(&e), "failed to renew lease"),
+                    Err(e) => warn!(error = %error_with_root_cause(&e), "failed to renew lease"),
                 }
                 let next = Instant::now() + self.config.retry_period;
                 if next >= deadline {
@@ -360,7 +361,7 @@ impl LeaderElector {
             match self.update(lease, &record, deadline).await {
                 Ok(()) => return Ok(true),
                 Err(e) => debug!(
-                    error = %error_chain(&e),
+                    error = %error_with_root_cause(&e),
                     "failed to update lease optimistically, falling back to slow path"
                 ),
             }
@@ -564,25 +565,10 @@ impl LeaderElector {
                 Ok(())
             }
             Err(e) => {
-                warn!(error = %error_chain(&e), "failed to release the lease");
+                warn!(error = %error_with_root_cause(&e), "failed to release the lease");
                 Err(e)
             }
         }
-    }
-}
-
-/// `error: root cause` on one line, for logs. Only the innermost cause is appended: kube's
-/// `Error::Api` already repeats its `Status` in its own message.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut root = None;
-    let mut source = error.source();
-    while let Some(cause) = source {
-        root = Some(cause);
-        source = cause.source();
-    }
-    match root {
-        Some(cause) => format!("{error}: {cause}"),
-        None => error.to_string(),
     }
 }
 

@@ -33,8 +33,8 @@
 //!
 //! The parts: [`config`] (settings and their checks), [`record`] (the Lease codec), [`elector`]
 //! (the loop), [`status`] (the health view), [`identity`] (holder identity and namespace) and
-//! [`balance`] (spreading driver Leases across hub replicas). It uses only [`crate::names`] and
-//! [`crate::random`] of the crate (and kube).
+//! [`balance`] (spreading driver Leases across hub replicas). It uses only [`crate::names`],
+//! [`crate::random`] and [`crate::telemetry`] of the crate (and kube).
 
 pub mod balance;
 pub mod config;

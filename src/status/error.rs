@@ -68,15 +68,3 @@ pub enum Error {
     #[error("listing VolumeAttachments")]
     ListVolumeAttachments(#[source] kube::Error),
 }
-
-/// `error: cause: cause ...` on one line.
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}

@@ -33,7 +33,7 @@ pub use error::Error;
 pub use fetch::pod_proxy_path;
 pub use table::{Counts, Row, count, render_json, render_table, rows};
 
-use error::chain;
+use crate::telemetry::error_chain as chain;
 use fetch::{Snapshot, Source, authority, kube_client, snapshot};
 
 fn render(snapshot: &Snapshot, output: Output) -> String {
