@@ -9,11 +9,8 @@ use super::args::{Args, FeatureGates, LeaderElection};
 use super::error::{Error, Parsed};
 use super::state::State;
 use super::values::GoDuration;
+use crate::leader::timing::{self, TimingError, TimingField};
 use crate::telemetry;
-
-/// `client-go`'s leader-election jitter factor: the renew deadline must exceed
-/// `JITTER_FACTOR * retry period`.
-const LEADER_ELECTION_JITTER_FACTOR: f64 = 1.2;
 
 // === bounds ===
 //
@@ -57,10 +54,9 @@ pub const MAX_LIST_ENTRIES: i64 = i32::MAX as i64;
 /// values keep their meaning, no cap.
 pub const MAX_GRPC_LOG_LENGTH: i64 = u32::MAX as i64;
 
-/// Shortest `--leader-election-lease-duration` / `leaseDuration` (when leader election is on):
-/// a Lease stores whole seconds and must hold a positive number, so a shorter one could never be
-/// written (the Go sidecar accepts it and then fails every attempt to take the Lease).
-pub const MIN_LEASE_DURATION: Duration = Duration::from_secs(1);
+/// Shortest `--leader-election-lease-duration` / `leaseDuration` (when leader election is on);
+/// see [`timing::MIN_LEASE_DURATION`].
+pub const MIN_LEASE_DURATION: Duration = timing::MIN_LEASE_DURATION;
 
 /// Refuses numbers above their bound (see the `MAX_*` constants).
 pub(super) fn validate_bounds(args: &Args) -> Result<(), Error> {
@@ -138,36 +134,31 @@ pub(super) fn validate_api_limits(args: &Args) -> Result<(), Error> {
     Ok(())
 }
 
-/// The checks client-go makes when the leader elector is built.
+/// The checks client-go makes when the leader elector is built ([`timing::check`]), worded
+/// with the flags' names.
 pub(super) fn validate_leader_election(le: &LeaderElection) -> Result<(), Error> {
-    if le.lease_duration <= le.renew_deadline {
-        return Err(Error::LeaseNotLongerThanRenewDeadline {
-            lease_duration: le.lease_duration,
-            renew_deadline: le.renew_deadline,
-        });
-    }
-    // Go truncates the product to whole nanoseconds.
-    let jittered_retry =
-        (LEADER_ELECTION_JITTER_FACTOR * le.retry_period.as_nanos() as f64) as u128;
-    if le.renew_deadline.as_nanos() <= jittered_retry {
-        return Err(Error::RenewDeadlineNotLongerThanRetry {
-            renew_deadline: le.renew_deadline,
-            retry_period: le.retry_period,
-        });
-    }
-    for (name, value) in [
-        ("lease-duration", le.lease_duration),
-        ("renew-deadline", le.renew_deadline),
-        ("retry-period", le.retry_period),
-    ] {
-        if value.is_zero() {
-            return Err(Error::LeaderElectionZero(name));
-        }
-    }
-    if le.lease_duration < MIN_LEASE_DURATION {
-        return Err(Error::LeaseDurationTooShort(le.lease_duration));
-    }
-    Ok(())
+    timing::check(le.lease_duration, le.renew_deadline, le.retry_period).map_err(|e| match e {
+        TimingError::LeaseNotLongerThanRenewDeadline {
+            lease_duration,
+            renew_deadline,
+        } => Error::LeaseNotLongerThanRenewDeadline {
+            lease_duration,
+            renew_deadline,
+        },
+        TimingError::RenewDeadlineNotLongerThanRetry {
+            renew_deadline,
+            retry_period,
+        } => Error::RenewDeadlineNotLongerThanRetry {
+            renew_deadline,
+            retry_period,
+        },
+        TimingError::Zero(field) => Error::LeaderElectionZero(match field {
+            TimingField::LeaseDuration => "lease-duration",
+            TimingField::RenewDeadline => "renew-deadline",
+            TimingField::RetryPeriod => "retry-period",
+        }),
+        TimingError::LeaseTooShort(d) => Error::LeaseDurationTooShort(d),
+    })
 }
 
 /// Applies `--feature-gates` entries to the attacher's gates.

@@ -12,9 +12,7 @@ use super::settings::{Config, LeaderSettings, Settings};
 use crate::cli::{self, GoDuration};
 use crate::csi::Address;
 use crate::k8s::budget::Limit;
-
-/// `client-go`'s leader-election jitter factor.
-const LEADER_ELECTION_JITTER_FACTOR: f64 = 1.2;
+use crate::leader::timing::{self, TimingError};
 
 impl File {
     /// Checks every entry and applies `defaults` to what it leaves out. `discovery`: drivers
@@ -280,38 +278,47 @@ fn leader_election(
             .find(|(_, written)| *written)
             .map_or_else(|| at.to_owned(), |(name, _)| field(name))
     };
-    if lease_duration <= renew_deadline {
-        return Err(invalid(
-            blame([
-                ("leaseDuration", o.lease_duration.is_some()),
-                ("renewDeadline", o.renew_deadline.is_some()),
-            ]),
-            Problem::LeaseNotLongerThanRenewDeadline {
+    if let Err(refused) = timing::check(lease_duration, renew_deadline, retry_period) {
+        let (blamed, problem) = match refused {
+            TimingError::LeaseNotLongerThanRenewDeadline {
                 lease_duration,
                 renew_deadline,
-            },
-        ));
-    }
-    // Go truncates the product to whole nanoseconds.
-    let jittered_retry = (LEADER_ELECTION_JITTER_FACTOR * retry_period.as_nanos() as f64) as u128;
-    if renew_deadline.as_nanos() <= jittered_retry {
-        return Err(invalid(
-            blame([
-                ("renewDeadline", o.renew_deadline.is_some()),
-                ("retryPeriod", o.retry_period.is_some()),
-            ]),
-            Problem::RenewDeadlineNotLongerThanRetry {
+            } => (
+                blame([
+                    ("leaseDuration", o.lease_duration.is_some()),
+                    ("renewDeadline", o.renew_deadline.is_some()),
+                ]),
+                Problem::LeaseNotLongerThanRenewDeadline {
+                    lease_duration,
+                    renew_deadline,
+                },
+            ),
+            TimingError::RenewDeadlineNotLongerThanRetry {
                 renew_deadline,
                 retry_period,
-            },
-        ));
-    }
-    if lease_duration < cli::MIN_LEASE_DURATION {
-        let blamed = match o.lease_duration {
-            Some(_) => field("leaseDuration"),
-            None => at.to_owned(),
+            } => (
+                blame([
+                    ("renewDeadline", o.renew_deadline.is_some()),
+                    ("retryPeriod", o.retry_period.is_some()),
+                ]),
+                Problem::RenewDeadlineNotLongerThanRetry {
+                    renew_deadline,
+                    retry_period,
+                },
+            ),
+            TimingError::LeaseTooShort(d) => (
+                match o.lease_duration {
+                    Some(_) => field("leaseDuration"),
+                    None => at.to_owned(),
+                },
+                Problem::LeaseTooShort(GoDuration(d).to_string()),
+            ),
+            // Every duration was checked positive above; kept for completeness.
+            TimingError::Zero(_) => (
+                at.to_owned(),
+                Problem::NotPositive(GoDuration(Duration::ZERO).to_string()),
+            ),
         };
-        let problem = Problem::LeaseTooShort(GoDuration(lease_duration).to_string());
         return Err(invalid(blamed, problem));
     }
     let mut settings =

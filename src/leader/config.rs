@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::timing::{self, TimingError};
+
 /// client-go's default `LeaseDuration` (`--leader-election-lease-duration`).
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 
@@ -12,11 +14,6 @@ pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 /// client-go's default `RetryPeriod` (`--leader-election-retry-period`).
 pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(5);
-
-/// client-go's `JitterFactor`: an acquire attempt waits `retry_period × (1 + r × 1.2)` with a
-/// random `r ∈ [0, 1)` before the next one. The renew deadline must exceed
-/// `JITTER_FACTOR × retry_period`.
-pub const JITTER_FACTOR: f64 = 1.2;
 
 /// An invalid leader-election configuration (client-go panics on the same combinations).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -30,32 +27,9 @@ pub enum ConfigError {
     /// The identity is empty.
     #[error("the leader-election identity must not be empty")]
     EmptyIdentity,
-    /// The lease duration is under one second (`leaseDurationSeconds` must be positive).
-    #[error("the lease duration ({0:?}) must be at least one second")]
-    LeaseDurationTooShort(Duration),
-    /// A duration is zero.
-    #[error("the {0} must be positive")]
-    NotPositive(&'static str),
-    /// `lease_duration <= renew_deadline`.
-    #[error(
-        "the lease duration ({lease_duration:?}) must be greater than the renew deadline ({renew_deadline:?})"
-    )]
-    LeaseNotLongerThanRenewDeadline {
-        /// Configured lease duration.
-        lease_duration: Duration,
-        /// Configured renew deadline.
-        renew_deadline: Duration,
-    },
-    /// `renew_deadline <= JITTER_FACTOR × retry_period`.
-    #[error(
-        "the renew deadline ({renew_deadline:?}) must be greater than {JITTER_FACTOR} × the retry period ({retry_period:?})"
-    )]
-    RenewDeadlineTooShort {
-        /// Configured renew deadline.
-        renew_deadline: Duration,
-        /// Configured retry period.
-        retry_period: Duration,
-    },
+    /// The timing is refused (see [`timing::check`](super::timing::check)).
+    #[error(transparent)]
+    Timing(#[from] TimingError),
 }
 
 /// Settings of one leader elector (one Lease).
@@ -110,27 +84,7 @@ impl Config {
         if self.identity.is_empty() {
             return Err(ConfigError::EmptyIdentity);
         }
-        if self.renew_deadline.is_zero() {
-            return Err(ConfigError::NotPositive("renew deadline"));
-        }
-        if self.retry_period.is_zero() {
-            return Err(ConfigError::NotPositive("retry period"));
-        }
-        if self.lease_duration < Duration::from_secs(1) {
-            return Err(ConfigError::LeaseDurationTooShort(self.lease_duration));
-        }
-        if self.lease_duration <= self.renew_deadline {
-            return Err(ConfigError::LeaseNotLongerThanRenewDeadline {
-                lease_duration: self.lease_duration,
-                renew_deadline: self.renew_deadline,
-            });
-        }
-        if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
-            return Err(ConfigError::RenewDeadlineTooShort {
-                renew_deadline: self.renew_deadline,
-                retry_period: self.retry_period,
-            });
-        }
+        timing::check(self.lease_duration, self.renew_deadline, self.retry_period)?;
         Ok(())
     }
 
@@ -155,27 +109,36 @@ mod tests {
         c.renew_deadline = c.lease_duration;
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::LeaseNotLongerThanRenewDeadline { .. })
+            Err(ConfigError::Timing(
+                TimingError::LeaseNotLongerThanRenewDeadline { .. }
+            ))
         ));
         let mut c = config();
         c.retry_period = Duration::from_secs(9); // 1.2 × 9 > 10
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::RenewDeadlineTooShort { .. })
+            Err(ConfigError::Timing(
+                TimingError::RenewDeadlineNotLongerThanRetry { .. }
+            ))
         ));
         let mut c = config();
         c.identity.clear();
         assert_eq!(c.validate(), Err(ConfigError::EmptyIdentity));
         let mut c = config();
         c.retry_period = Duration::ZERO;
-        assert_eq!(c.validate(), Err(ConfigError::NotPositive("retry period")));
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::Timing(TimingError::Zero(
+                timing::TimingField::RetryPeriod
+            )))
+        );
         let mut c = config();
         c.lease_duration = Duration::from_millis(900);
         c.renew_deadline = Duration::from_millis(800);
         c.retry_period = Duration::from_millis(100);
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::LeaseDurationTooShort(_))
+            Err(ConfigError::Timing(TimingError::LeaseTooShort(_)))
         ));
         // The durations used by the integration tests are valid.
         let mut c = config();

@@ -15,13 +15,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::config::{Config, JITTER_FACTOR};
+use super::config::Config;
 use super::error::{Error, Result};
 use super::record::{
     Observed, Record, acquire_record, create_record, held_by_other, is_lease_valid, observe,
     release_record,
 };
 use super::status::Status;
+use super::timing::JITTER_FACTOR;
 use crate::random::random_unit;
 use crate::telemetry::error_with_root_cause;
 

@@ -43,12 +43,13 @@ pub mod error;
 pub mod identity;
 pub mod record;
 pub mod status;
+pub mod timing;
 
 pub use config::{
     Config, ConfigError, DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD,
-    JITTER_FACTOR,
 };
 pub use elector::{AcquireGate, LeaderElector, Leadership};
 pub use error::{Error, Result};
 pub use identity::{default_identity, resolve_namespace};
 pub use status::{HEALTH_TOLERANCE, HealthError, Status};
+pub use timing::{JITTER_FACTOR, MIN_LEASE_DURATION, TimingError};
