@@ -1,10 +1,10 @@
 //! The outcome of parsing a command line: run ([`Parsed::Run`]), print and exit
 //! ([`Parsed::Exit`]), or refuse ([`Error`], which carries the exit code).
 
-use std::time::Duration;
-
 use super::args::Args;
+use super::validate::timing_comparison;
 use super::values::GoDuration;
+use crate::leader::timing::{TimingError, TimingField};
 
 /// The outcome of a successful parse.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,39 +74,10 @@ pub enum Error {
         /// The value given (durations as Go prints them).
         value: String,
     },
-    /// A leader-election duration is zero (or was negative).
-    #[error("--leader-election-{0} must be greater than zero")]
-    LeaderElectionZero(&'static str),
-    /// `--leader-election-lease-duration` under [`MIN_LEASE_DURATION`].
-    #[error(
-        "--leader-election-lease-duration ({}) must be at least 1s: a Lease holds whole seconds",
-        GoDuration(*.0)
-    )]
-    LeaseDurationTooShort(Duration),
-    /// The lease would expire before the leader gives up renewing it.
-    #[error(
-        "--leader-election-lease-duration ({}) must be greater than --leader-election-renew-deadline ({})",
-        GoDuration(*lease_duration),
-        GoDuration(*renew_deadline)
-    )]
-    LeaseNotLongerThanRenewDeadline {
-        /// `--leader-election-lease-duration`.
-        lease_duration: Duration,
-        /// `--leader-election-renew-deadline`.
-        renew_deadline: Duration,
-    },
-    /// The leader would give up before its last retry could succeed.
-    #[error(
-        "--leader-election-renew-deadline ({}) must be greater than 1.2 × --leader-election-retry-period ({})",
-        GoDuration(*renew_deadline),
-        GoDuration(*retry_period)
-    )]
-    RenewDeadlineNotLongerThanRetry {
-        /// `--leader-election-renew-deadline`.
-        renew_deadline: Duration,
-        /// `--leader-election-retry-period`.
-        retry_period: Duration,
-    },
+    /// The leader-election timing is refused (zero durations, a lease that does not outlive the
+    /// renew deadline, a renew deadline within the jittered retry period, a lease under 1s).
+    #[error("{}", leader_election_text(.0))]
+    LeaderElection(TimingError),
 }
 
 impl Error {
@@ -124,5 +95,30 @@ impl Error {
             Self::Usage { message, usage } => format!("{message}\n{usage}"),
             other => format!("{other}\n"),
         }
+    }
+}
+
+/// The message of a refused leader-election timing, in the flags' words.
+fn leader_election_text(e: &TimingError) -> String {
+    const FLAGS: [&str; 3] = [
+        "--leader-election-lease-duration",
+        "--leader-election-renew-deadline",
+        "--leader-election-retry-period",
+    ];
+    match e {
+        TimingError::Zero(field) => {
+            let flag = match field {
+                TimingField::LeaseDuration => FLAGS[0],
+                TimingField::RenewDeadline => FLAGS[1],
+                TimingField::RetryPeriod => FLAGS[2],
+            };
+            format!("{flag} must be greater than zero")
+        }
+        TimingError::LeaseTooShort(d) => format!(
+            "{} ({}) must be at least 1s: a Lease holds whole seconds",
+            FLAGS[0],
+            GoDuration(*d)
+        ),
+        comparison => timing_comparison(comparison, FLAGS),
     }
 }

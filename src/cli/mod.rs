@@ -28,6 +28,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::cli::flags::FLAGS;
     use crate::cli::values::quantity_is_zero;
+    use crate::leader::timing::{TimingError, TimingField};
     use crate::telemetry;
     use std::collections::BTreeMap;
     use std::path::PathBuf;
@@ -366,7 +367,10 @@ pub(crate) mod tests {
         assert!(matches!(parse(&short), Ok(Parsed::Run(..))));
         let with: Vec<&str> = short.iter().copied().chain(["--leader-election"]).collect();
         let e = err(&with);
-        assert_eq!(e, Error::LeaseDurationTooShort(Duration::from_millis(900)));
+        assert_eq!(
+            e,
+            Error::LeaderElection(TimingError::LeaseTooShort(Duration::from_millis(900)))
+        );
         assert_eq!(e.exit_code(), 1);
         assert_eq!(
             e.to_string(),
@@ -510,31 +514,31 @@ pub(crate) mod tests {
         for (list, expected) in [
             (
                 &["--leader-election-lease-duration=10s"][..],
-                Error::LeaseNotLongerThanRenewDeadline {
+                Error::LeaderElection(TimingError::LeaseNotLongerThanRenewDeadline {
                     lease_duration: secs(10),
                     renew_deadline: secs(10),
-                },
+                }),
             ),
             (
                 &["--leader-election-retry-period=9s"],
-                Error::RenewDeadlineNotLongerThanRetry {
+                Error::LeaderElection(TimingError::RenewDeadlineNotLongerThanRetry {
                     renew_deadline: secs(10),
                     retry_period: secs(9),
-                },
+                }),
             ),
             (
                 &["--leader-election-retry-period=-1s"],
-                Error::LeaderElectionZero("retry-period"),
+                Error::LeaderElection(TimingError::Zero(TimingField::RetryPeriod)),
             ),
             (
                 &[
                     "--leader-election-lease-duration=0",
                     "--leader-election-renew-deadline=0",
                 ],
-                Error::LeaseNotLongerThanRenewDeadline {
+                Error::LeaderElection(TimingError::LeaseNotLongerThanRenewDeadline {
                     lease_duration: Duration::ZERO,
                     renew_deadline: Duration::ZERO,
-                },
+                }),
             ),
         ] {
             let with: Vec<&str> = list.iter().copied().chain(["--leader-election"]).collect();
@@ -550,12 +554,24 @@ pub(crate) mod tests {
                 .enabled
         );
         assert_eq!(
-            Error::LeaseNotLongerThanRenewDeadline {
+            Error::LeaderElection(TimingError::LeaseNotLongerThanRenewDeadline {
                 lease_duration: secs(10),
                 renew_deadline: secs(90),
-            }
+            })
             .to_string(),
             "--leader-election-lease-duration (10s) must be greater than --leader-election-renew-deadline (1m30s)"
+        );
+        assert_eq!(
+            Error::LeaderElection(TimingError::RenewDeadlineNotLongerThanRetry {
+                renew_deadline: secs(10),
+                retry_period: secs(9),
+            })
+            .to_string(),
+            "--leader-election-renew-deadline (10s) must be greater than 1.2 × --leader-election-retry-period (9s)"
+        );
+        assert_eq!(
+            Error::LeaderElection(TimingError::Zero(TimingField::RetryPeriod)).to_string(),
+            "--leader-election-retry-period must be greater than zero"
         );
     }
 

@@ -9,7 +9,7 @@ use super::args::{Args, FeatureGates, LeaderElection};
 use super::error::{Error, Parsed};
 use super::state::State;
 use super::values::GoDuration;
-use crate::leader::timing::{self, TimingError, TimingField};
+use crate::leader::timing::{self, TimingError};
 use crate::telemetry;
 
 // === bounds ===
@@ -134,31 +134,38 @@ pub(super) fn validate_api_limits(args: &Args) -> Result<(), Error> {
     Ok(())
 }
 
-/// The checks client-go makes when the leader elector is built ([`timing::check`]), worded
-/// with the flags' names.
+/// The checks client-go makes when the leader elector is built ([`timing::check`]).
 pub(super) fn validate_leader_election(le: &LeaderElection) -> Result<(), Error> {
-    timing::check(le.lease_duration, le.renew_deadline, le.retry_period).map_err(|e| match e {
+    timing::check(le.lease_duration, le.renew_deadline, le.retry_period)
+        .map_err(Error::LeaderElection)
+}
+
+/// The message of a refused timing, naming the lease duration, renew deadline and retry period
+/// as the caller does (`names`): the flags, or the fields of `drivers.yaml`. Zero durations and
+/// the one-second minimum, which the callers word differently, are described by the error
+/// itself.
+pub(crate) fn timing_comparison(e: &TimingError, names: [&str; 3]) -> String {
+    let [lease, renew, retry] = names;
+    match *e {
         TimingError::LeaseNotLongerThanRenewDeadline {
             lease_duration,
             renew_deadline,
-        } => Error::LeaseNotLongerThanRenewDeadline {
-            lease_duration,
-            renew_deadline,
-        },
+        } => format!(
+            "{lease} ({}) must be greater than {renew} ({})",
+            GoDuration(lease_duration),
+            GoDuration(renew_deadline)
+        ),
         TimingError::RenewDeadlineNotLongerThanRetry {
             renew_deadline,
             retry_period,
-        } => Error::RenewDeadlineNotLongerThanRetry {
-            renew_deadline,
-            retry_period,
-        },
-        TimingError::Zero(field) => Error::LeaderElectionZero(match field {
-            TimingField::LeaseDuration => "lease-duration",
-            TimingField::RenewDeadline => "renew-deadline",
-            TimingField::RetryPeriod => "retry-period",
-        }),
-        TimingError::LeaseTooShort(d) => Error::LeaseDurationTooShort(d),
-    })
+        } => format!(
+            "{renew} ({}) must be greater than {} × {retry} ({})",
+            GoDuration(renew_deadline),
+            timing::JITTER_FACTOR,
+            GoDuration(retry_period)
+        ),
+        other => other.to_string(),
+    }
 }
 
 /// Applies `--feature-gates` entries to the attacher's gates.

@@ -310,38 +310,38 @@ impl fmt::Display for GoDuration {
 
 /// `--feature-gates`: `Name=bool,Name2=bool` (spaces around names and values allowed).
 pub(crate) fn parse_feature_gates(value: &str) -> Result<Vec<(String, bool)>, String> {
-    if value.is_empty() {
-        return Ok(Vec::new());
-    }
-    value
-        .split(',')
-        .map(|item| {
-            let (name, setting) = item
-                .split_once('=')
-                .ok_or_else(|| format!("malformed pair {item:?}, expected Name=bool"))?;
-            let setting = setting.trim();
-            let enabled = parse_go_bool(setting)
-                .map_err(|_| format!("invalid value of {}: {setting:?}", name.trim()))?;
-            Ok((name.trim().to_owned(), enabled))
-        })
-        .collect()
+    comma_separated(value, |item| {
+        let (name, setting) = item
+            .split_once('=')
+            .ok_or_else(|| format!("malformed pair {item:?}, expected Name=bool"))?;
+        let setting = setting.trim();
+        let enabled = parse_go_bool(setting)
+            .map_err(|_| format!("invalid value of {}: {setting:?}", name.trim()))?;
+        Ok((name.trim().to_owned(), enabled))
+    })
 }
 
 /// `--leader-election-labels`: `key:value,key2:value2`, exactly one `:` per item.
 pub(crate) fn parse_labels(value: &str) -> Result<Vec<(String, String)>, String> {
+    comma_separated(value, |item| {
+        let mut parts = item.split(':');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(key), Some(value), None) => Ok((key.to_owned(), value.to_owned())),
+            _ => Err(format!("{item:?} is not a key:value pair")),
+        }
+    })
+}
+
+/// The items of a comma-separated list (`""`: none), each parsed by `item`; the first error
+/// wins.
+fn comma_separated<T>(
+    value: &str,
+    item: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
     if value.is_empty() {
         return Ok(Vec::new());
     }
-    value
-        .split(',')
-        .map(|item| {
-            let mut parts = item.split(':');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some(key), Some(value), None) => Ok((key.to_owned(), value.to_owned())),
-                _ => Err(format!("{item:?} is not a key:value pair")),
-            }
-        })
-        .collect()
+    value.split(',').map(item).collect()
 }
 
 /// `--vmodule`: `pattern=N,...`; empty items are skipped.

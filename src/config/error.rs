@@ -3,8 +3,9 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use crate::cli::{DurationError, GoDuration};
+use crate::cli::{DurationError, GoDuration, validate::timing_comparison};
 use crate::csi::Address;
+use crate::leader::timing::TimingError;
 
 /// Why the driver list was refused.
 #[derive(Debug, thiserror::Error)]
@@ -123,30 +124,10 @@ pub enum Problem {
         /// Cap of the retry delay.
         max: Duration,
     },
-    /// The Lease would expire before the leader gives up renewing it.
-    #[error(
-        "leaseDuration ({}) must be greater than renewDeadline ({})",
-        GoDuration(*lease_duration),
-        GoDuration(*renew_deadline)
-    )]
-    LeaseNotLongerThanRenewDeadline {
-        /// Lease duration in effect.
-        lease_duration: Duration,
-        /// Renew deadline in effect.
-        renew_deadline: Duration,
-    },
-    /// The leader would give up before its last retry could succeed.
-    #[error(
-        "renewDeadline ({}) must be greater than 1.2 × retryPeriod ({})",
-        GoDuration(*renew_deadline),
-        GoDuration(*retry_period)
-    )]
-    RenewDeadlineNotLongerThanRetry {
-        /// Renew deadline in effect.
-        renew_deadline: Duration,
-        /// Retry period in effect.
-        retry_period: Duration,
-    },
+    /// The leader-election timing is refused: the lease does not outlive the renew deadline,
+    /// or the renew deadline is within the jittered retry period.
+    #[error("{}", timing_comparison(.0, ["leaseDuration", "renewDeadline", "retryPeriod"]))]
+    Timing(TimingError),
     /// Two entries for one socket.
     #[error("socket {address} is already the address of {other} (line {other_line})")]
     DuplicateAddress {

@@ -280,31 +280,19 @@ fn leader_election(
     };
     if let Err(refused) = timing::check(lease_duration, renew_deadline, retry_period) {
         let (blamed, problem) = match refused {
-            TimingError::LeaseNotLongerThanRenewDeadline {
-                lease_duration,
-                renew_deadline,
-            } => (
+            TimingError::LeaseNotLongerThanRenewDeadline { .. } => (
                 blame([
                     ("leaseDuration", o.lease_duration.is_some()),
                     ("renewDeadline", o.renew_deadline.is_some()),
                 ]),
-                Problem::LeaseNotLongerThanRenewDeadline {
-                    lease_duration,
-                    renew_deadline,
-                },
+                Problem::Timing(refused),
             ),
-            TimingError::RenewDeadlineNotLongerThanRetry {
-                renew_deadline,
-                retry_period,
-            } => (
+            TimingError::RenewDeadlineNotLongerThanRetry { .. } => (
                 blame([
                     ("renewDeadline", o.renew_deadline.is_some()),
                     ("retryPeriod", o.retry_period.is_some()),
                 ]),
-                Problem::RenewDeadlineNotLongerThanRetry {
-                    renew_deadline,
-                    retry_period,
-                },
+                Problem::Timing(refused),
             ),
             TimingError::LeaseTooShort(d) => (
                 match o.lease_duration {

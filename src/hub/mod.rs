@@ -118,23 +118,6 @@ pub struct Config {
     pub max_grpc_log_length: i64,
 }
 
-async fn kube_config(path: Option<&PathBuf>) -> Result<kube::Config, Error> {
-    let boxed = |e: Box<dyn std::error::Error + Send + Sync>| Error::KubeConfig(e);
-    match path {
-        Some(path) => {
-            let kubeconfig =
-                kube::config::Kubeconfig::read_from(path).map_err(|e| boxed(e.into()))?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .map_err(|e| boxed(e.into()))
-        }
-        None => kube::Config::infer().await.map_err(|e| boxed(e.into())),
-    }
-}
-
 /// Runs the hub until `shutdown` is cancelled, then stops every driver (each
 /// drains its in-flight work and vacates its Lease) and returns.
 pub async fn run(
@@ -153,7 +136,9 @@ pub async fn run(
         max_grpc_log_length,
     } = config;
 
-    let kube_cfg = kube_config(kubeconfig.as_ref()).await?;
+    let kube_cfg = crate::k8s::client::kube_config(kubeconfig.as_deref())
+        .await
+        .map_err(Error::KubeConfig)?;
     let client = crate::k8s::client(&kube_cfg).map_err(Error::KubeClient)?;
     let leader_client = crate::k8s::client(&kube_cfg).map_err(Error::KubeClient)?;
 

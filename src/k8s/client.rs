@@ -70,3 +70,21 @@ pub fn client(config: &kube::Config) -> kube::Result<kube::Client> {
         .service(transport);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
+
+/// The client configuration from the kubeconfig at `path`, or (`None`) the in-cluster
+/// configuration, else the usual kubeconfig search (`$KUBECONFIG`, `~/.kube/config`).
+pub async fn kube_config(
+    path: Option<&std::path::Path>,
+) -> Result<kube::Config, Box<dyn std::error::Error + Send + Sync>> {
+    match path {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+            Ok(kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await?)
+        }
+        None => Ok(kube::Config::infer().await?),
+    }
+}

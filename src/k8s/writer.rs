@@ -112,16 +112,7 @@ impl Writer {
 
     /// JSON merge patch on a VolumeAttachment's main resource.
     pub async fn merge_va(&self, name: &str, patch: &Value) -> kube::Result<VolumeAttachment> {
-        let api = Api::<VolumeAttachment>::all(self.client.clone());
-        let params = Self::params();
-        let patch = Patch::Merge(patch);
-        self.send(
-            "PATCH",
-            "volumeattachments",
-            name,
-            api.patch(name, &params, &patch),
-        )
-        .await
+        self.merge_va_part(name, patch, false).await
     }
 
     /// JSON merge patch on a VolumeAttachment's `status` subresource.
@@ -130,16 +121,27 @@ impl Writer {
         name: &str,
         patch: &Value,
     ) -> kube::Result<VolumeAttachment> {
+        self.merge_va_part(name, patch, true).await
+    }
+
+    /// JSON merge patch on a VolumeAttachment, its `status` subresource or its main resource.
+    async fn merge_va_part(
+        &self,
+        name: &str,
+        patch: &Value,
+        status: bool,
+    ) -> kube::Result<VolumeAttachment> {
         let api = Api::<VolumeAttachment>::all(self.client.clone());
         let params = Self::params();
         let patch = Patch::Merge(patch);
-        self.send(
-            "PATCH",
-            "volumeattachments/status",
-            name,
-            api.patch_status(name, &params, &patch),
-        )
-        .await
+        if status {
+            let request = api.patch_status(name, &params, &patch);
+            self.send("PATCH", "volumeattachments/status", name, request)
+                .await
+        } else {
+            let request = api.patch(name, &params, &patch);
+            self.send("PATCH", "volumeattachments", name, request).await
+        }
     }
 
     /// JSON Patch (RFC 6902) on a PersistentVolume.

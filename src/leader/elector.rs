@@ -369,25 +369,14 @@ impl LeaderElector {
         }
 
         // 2. Read the Lease, or create it.
-        let got = self
-            .timed(deadline, self.api.get_opt(&self.config.name))
-            .await?;
-        let Some(lease) = got.map_err(|source| Error::Get {
-            namespace: self.config.namespace.clone(),
-            name: self.config.name.clone(),
-            source,
-        })?
-        else {
+        let Some(lease) = self.read(deadline).await? else {
             let record = create_record(&self.config, Timestamp::now());
             self.create(&record, deadline).await?;
             return Ok(true);
         };
 
         // 3. Remember the record (and when it changed); respect a valid foreign holder.
-        let current = Record::from_spec(lease.spec.as_ref());
-        self.lease = Some(lease);
-        observe(&mut self.observed, current.clone(), Instant::now());
-        self.report_holder();
+        let current = self.remember(lease);
         if let Some(observed) = &self.observed
             && held_by_other(
                 observed,
@@ -411,21 +400,31 @@ impl LeaderElector {
 
     /// Reads the Lease and records its holder, without trying to take it.
     async fn observe_only(&mut self, deadline: Instant) -> Result<()> {
-        let got = self
-            .timed(deadline, self.api.get_opt(&self.config.name))
+        if let Some(lease) = self.read(deadline).await? {
+            self.remember(lease);
+        }
+        Ok(())
+    }
+
+    /// Reads the Lease (`None`: it does not exist), within `deadline`.
+    async fn read(&self, deadline: Instant) -> Result<Option<Lease>> {
+        self.timed(deadline, self.api.get_opt(&self.config.name))
             .await?
             .map_err(|source| Error::Get {
                 namespace: self.config.namespace.clone(),
                 name: self.config.name.clone(),
                 source,
-            })?;
-        if let Some(lease) = got {
-            let current = Record::from_spec(lease.spec.as_ref());
-            self.lease = Some(lease);
-            observe(&mut self.observed, current, Instant::now());
-            self.report_holder();
-        }
-        Ok(())
+            })
+    }
+
+    /// Remembers `lease` as read, and its record with the instant it (last) changed; reports
+    /// a new holder. Returns the record.
+    fn remember(&mut self, lease: Lease) -> Record {
+        let record = Record::from_spec(lease.spec.as_ref());
+        self.lease = Some(lease);
+        observe(&mut self.observed, record.clone(), Instant::now());
+        self.report_holder();
+        record
     }
 
     /// Creates the Lease with `record` and our labels.

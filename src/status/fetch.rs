@@ -83,17 +83,10 @@ pub fn pod_proxy_path(namespace: &str, pod: &str, port: u16) -> String {
 }
 
 pub(crate) async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, Error> {
-    let boxed = |e: Box<dyn std::error::Error + Send + Sync>| Error::KubeConfig(e);
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| boxed(e.into()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| boxed(e.into()))?
-        }
-        None => kube::Config::infer().await.map_err(|e| boxed(e.into()))?,
-    };
-    kube::Client::try_from(config).map_err(|e| boxed(e.into()))
+    let config = crate::k8s::client::kube_config(kubeconfig.map(PathBuf::as_path))
+        .await
+        .map_err(Error::KubeConfig)?;
+    kube::Client::try_from(config).map_err(|e| Error::KubeConfig(e.into()))
 }
 
 /// GET `http://<authority>/drivers` with hyper's HTTP/1 client.

@@ -76,47 +76,33 @@ mod tests {
         assert_eq!(handle("aws://vol-0123"), invalid("aws://vol-0123"));
         assert_eq!(handle("aws://z/x/vol-1"), invalid("aws://z/x/vol-1"));
         assert_eq!(handle("aws://z/vol-a%2Fb"), invalid("aws://z/vol-a%2Fb"));
-        // URL errors carry Go's texts.
-        let id = "aws://us east/vol-1";
-        assert_eq!(
-            handle(id),
-            bad_url(id, id, "invalid character \" \" in host name")
-        );
-        let id = "aws://z/vol-%zz";
-        assert_eq!(handle(id), bad_url(id, id, "invalid URL escape \"%zz\""));
-        let id = "aws://z/vol-1\t";
-        assert_eq!(
-            handle(id),
-            bad_url(
-                id,
-                "aws://z/vol-1\\t",
-                "net/url: invalid control character in URL"
-            )
-        );
-        // The fragment is checked last, and the error then names the whole ID.
-        let id = "aws://z/vol-1#%zz";
-        assert_eq!(handle(id), bad_url(id, id, "invalid URL escape \"%zz\""));
-        let id = "aws://%41/vol-1";
-        assert_eq!(handle(id), bad_url(id, id, "invalid URL escape \"%41\""));
-        let id = "aws://z:x/vol-1";
-        assert_eq!(
-            handle(id),
-            bad_url(id, id, "invalid port \":x\" after host")
-        );
-        let id = "aws://u|s@z/vol-1";
-        assert_eq!(handle(id), bad_url(id, id, "net/url: invalid userinfo"));
-        let id = "aws://[10.0.0.1]/vol-1";
-        assert_eq!(handle(id), bad_url(id, id, "invalid IP-literal"));
-        let id = "aws://[::1/vol-1";
-        assert_eq!(handle(id), bad_url(id, id, "missing ']' in host"));
-        let id = "aws://[1::2::3]/vol-1";
-        assert_eq!(
-            handle(id),
-            bad_url(
-                id,
-                id,
-                "invalid host: ParseAddr(\"1::2::3\"): multiple :: in address (at \":3\")"
-            )
-        );
+        // URL errors carry Go's texts (the URL as Go quotes it, the reason).
+        for (id, url, reason) in [
+            (
+                "aws://us east/vol-1",
+                None,
+                "invalid character \" \" in host name",
+            ),
+            ("aws://z/vol-%zz", None, "invalid URL escape \"%zz\""),
+            (
+                "aws://z/vol-1\t",
+                Some("aws://z/vol-1\\t"),
+                "net/url: invalid control character in URL",
+            ),
+            // The fragment is checked last, and the error then names the whole ID.
+            ("aws://z/vol-1#%zz", None, "invalid URL escape \"%zz\""),
+            ("aws://%41/vol-1", None, "invalid URL escape \"%41\""),
+            ("aws://z:x/vol-1", None, "invalid port \":x\" after host"),
+            ("aws://u|s@z/vol-1", None, "net/url: invalid userinfo"),
+            ("aws://[10.0.0.1]/vol-1", None, "invalid IP-literal"),
+            ("aws://[::1/vol-1", None, "missing ']' in host"),
+            (
+                "aws://[1::2::3]/vol-1",
+                None,
+                "invalid host: ParseAddr(\"1::2::3\"): multiple :: in address (at \":3\")",
+            ),
+        ] {
+            assert_eq!(handle(id), bad_url(id, url.unwrap_or(id), reason), "{id}");
+        }
     }
 }
