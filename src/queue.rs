@@ -1,9 +1,13 @@
 //! A work queue with client-go `workqueue` semantics, keyed by object name.
 //!
 //! external-attacher runs two client-go rate-limiting queues (`csi-attacher-va`, `csi-attacher-pv`,
-//! spec §6). No Rust crate reproduces their semantics, so this is our own (STYLE 5.4 decision 2):
+//! spec §6). Why hand-written (STYLE 5.4 decision 2): the retries, their timing and the metrics
+//! must match the Go sidecar's, and no Rust crate reproduces these semantics. kube-runtime's
+//! scheduler merges duplicate triggers but has no "dirty while processing" state, no per-key
+//! failure count with exponential backoff, and no `workqueue_*` metrics; the crates that offer
+//! delay queues (`tokio-util`'s `DelayQueue`) have none of the dedup rules. So the queue is ours:
 //!
-//! * a key is handed to at most one worker at a time ([`Queue::get`] … [`Queue::done`]);
+//! * a key is handed to at most one worker at a time ([`Queue::claim`] … [`Claim::done`]);
 //! * adding a key that is already queued is a no-op (dedup);
 //! * adding a key that is being processed marks it *dirty*; it is queued again on `done`;
 //! * [`Queue::add_rate_limited`] delays the key by `start × 2^failures`, capped at `max`
@@ -60,8 +64,6 @@ struct State {
     deadlines: BinaryHeap<Reverse<(Instant, String)>>,
     /// Failures per key since the last `forget`.
     failures: HashMap<String, u32>,
-    /// Set by `shut_down`; adds are ignored and `get` returns `None` once drained.
-    shutting_down: bool,
 }
 
 // === impl Queue ===
@@ -97,9 +99,6 @@ impl Queue {
         self.adds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let woke = {
             let mut st = self.lock();
-            if st.shutting_down {
-                return;
-            }
             st.waiting.remove(&key);
             st.insert_now(key, Instant::now())
         };
@@ -116,9 +115,6 @@ impl Queue {
         let now = Instant::now();
         let woke = {
             let mut st = self.lock();
-            if st.shutting_down {
-                return;
-            }
             let failures = st.failures.entry(key.clone()).or_insert(0);
             let delay = backoff(self.retry_start, self.retry_max, *failures);
             *failures = failures.saturating_add(1);
@@ -149,16 +145,16 @@ impl Queue {
     }
 
     /// How many times `key` was added with [`Queue::add_rate_limited`] since the last `forget`.
-    pub fn num_requeues(&self, key: &str) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn num_requeues(&self, key: &str) -> u32 {
         self.lock().failures.get(key).copied().unwrap_or(0)
     }
 
     /// Waits for the next key and marks it as being processed; call [`Queue::done`] afterwards.
-    ///
-    /// Returns `None` once the queue is shut down and no queued key is left (keys queued before
-    /// the shutdown are still handed out, as in client-go; keys in backoff are dropped).
-    pub async fn get(&self) -> Option<String> {
-        self.get_timed().await.map(|(key, _)| key)
+    /// (Workers use [`Queue::claim`], which also gives the key back if they are cut short.)
+    #[cfg(test)]
+    pub(crate) async fn get(&self) -> String {
+        self.get_timed().await.0
     }
 
     /// Adds so far (plain and rate-limited), for `workqueue_adds_total`.
@@ -168,7 +164,7 @@ impl Queue {
 
     /// [`Queue::get`], also telling how long the key waited since it became
     /// ready (`workqueue_queue_duration_seconds`).
-    pub async fn get_timed(&self) -> Option<(String, Duration)> {
+    pub async fn get_timed(&self) -> (String, Duration) {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -182,10 +178,7 @@ impl Queue {
                 if let Some((key, ready_at)) = st.ready.pop_front() {
                     st.dirty.remove(&key);
                     st.processing.insert(key.clone(), now);
-                    return Some((key, now.saturating_duration_since(ready_at)));
-                }
-                if st.shutting_down {
-                    return None;
+                    return (key, now.saturating_duration_since(ready_at));
                 }
                 st.next_deadline()
             };
@@ -204,15 +197,15 @@ impl Queue {
     /// [`Queue::get_timed`], with the key held by a [`Claim`]: whatever ends the worker that
     /// holds it (abort, panic, a cancelled future), the key leaves `processing` and is queued
     /// again, so no key is ever lost.
-    pub async fn claim(&self) -> Option<(Claim<'_>, Duration)> {
-        let (key, waited) = self.get_timed().await?;
-        Some((
+    pub async fn claim(&self) -> (Claim<'_>, Duration) {
+        let (key, waited) = self.get_timed().await;
+        (
             Claim {
                 queue: self,
                 key: Some(key),
             },
             waited,
-        ))
+        )
     }
 
     /// Marks `key` as no longer processed; queues it again if it was re-added meanwhile.
@@ -244,11 +237,6 @@ impl Queue {
         self.len() == 0
     }
 
-    /// Number of keys waiting out a backoff delay.
-    pub fn waiting_len(&self) -> usize {
-        self.lock().waiting.len()
-    }
-
     /// Number of keys currently handed to workers.
     pub fn processing_len(&self) -> usize {
         self.lock().processing.len()
@@ -271,25 +259,6 @@ impl Queue {
             .values()
             .map(|since| now.saturating_duration_since(*since))
             .max()
-    }
-
-    /// Stops the queue: later adds are ignored, backoff waits are dropped, and every `get`
-    /// returns `None` once the ready keys are drained.
-    pub fn shut_down(&self) {
-        {
-            let mut st = self.lock();
-            st.shutting_down = true;
-            st.waiting.clear();
-            st.deadlines.clear();
-        }
-        self.notify.notify_waiters();
-        // A worker between `enable` and its wait is covered by notify_waiters; one that has not
-        // registered yet sees `shutting_down` on its next check.
-    }
-
-    /// True after [`Queue::shut_down`].
-    pub fn is_shutting_down(&self) -> bool {
-        self.lock().shutting_down
     }
 }
 
@@ -397,7 +366,7 @@ mod tests {
 
     /// Returns the next key if one is available within `within`.
     async fn get_within(q: &Queue, within: Duration) -> Option<String> {
-        tokio::time::timeout(within, q.get()).await.ok().flatten()
+        tokio::time::timeout(within, q.get()).await.ok()
     }
 
     #[test]
@@ -429,8 +398,8 @@ mod tests {
         q.add("a");
         q.add("b");
         assert_eq!(q.len(), 2);
-        assert_eq!(q.get().await.as_deref(), Some("a"));
-        assert_eq!(q.get().await.as_deref(), Some("b"));
+        assert_eq!(q.get().await, "a");
+        assert_eq!(q.get().await, "b");
         assert_eq!(get_within(&q, Duration::from_secs(10)).await, None);
     }
 
@@ -439,7 +408,7 @@ mod tests {
         let q = queue();
         q.add("a");
         let key = q.get().await;
-        assert_eq!(key.as_deref(), Some("a"));
+        assert_eq!(key, "a");
         q.add("a");
         q.add("a");
         // Never to two workers at once.
@@ -447,7 +416,7 @@ mod tests {
         assert_eq!(get_within(&q, Duration::from_secs(1)).await, None);
         q.done("a");
         assert_eq!(q.len(), 1);
-        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(q.get().await, "a");
         q.done("a");
         assert_eq!(get_within(&q, Duration::from_secs(10)).await, None);
     }
@@ -470,7 +439,7 @@ mod tests {
         for _ in 0..4 {
             q.add_rate_limited("a");
             let start = Instant::now();
-            assert_eq!(q.get().await.as_deref(), Some("a"));
+            assert_eq!(q.get().await, "a");
             delays.push(Instant::now() - start);
             q.done("a");
         }
@@ -493,7 +462,7 @@ mod tests {
         }
         q.add_rate_limited("a");
         let start = Instant::now();
-        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(q.get().await, "a");
         assert_eq!(Instant::now() - start, MAX);
     }
 
@@ -503,12 +472,12 @@ mod tests {
         for _ in 0..5 {
             q.add_rate_limited("a");
         }
-        assert_eq!(q.waiting_len(), 1);
+        // Waiting out its backoff: not ready.
         assert_eq!(q.len(), 0);
         q.add("a");
-        assert_eq!(q.waiting_len(), 0);
+        assert_eq!(q.len(), 1);
         let start = Instant::now();
-        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(q.get().await, "a");
         assert_eq!(Instant::now(), start);
         q.done("a");
         // The dropped delayed add does not fire later.
@@ -525,7 +494,7 @@ mod tests {
         let worker = {
             let q = Arc::clone(&q);
             tokio::spawn(async move {
-                let (claim, _) = q.claim().await.expect("a key");
+                let (claim, _) = q.claim().await;
                 // A sync that never ends (a CSI call longer than the drain).
                 std::future::pending::<()>().await;
                 claim.done();
@@ -538,17 +507,14 @@ mod tests {
         worker.abort();
         assert!(worker.await.expect_err("aborted").is_cancelled());
         assert_eq!(q.processing_len(), 0, "no key stuck in processing");
-        let mut keys = vec![
-            q.get().await.expect("queued"),
-            q.get().await.expect("queued"),
-        ];
+        let mut keys = vec![q.get().await, q.get().await];
         keys.sort();
         assert_eq!(keys, ["a", "b"]);
         // A finished claim does not queue its key again.
         q.done("a");
         q.done("b");
         q.add("c");
-        let (claim, _) = q.claim().await.expect("c");
+        let (claim, _) = q.claim().await;
         assert_eq!(claim.key(), "c");
         claim.done();
         assert_eq!(get_within(&q, Duration::from_secs(60)).await, None);
@@ -567,7 +533,7 @@ mod tests {
         assert_eq!(q.num_requeues("a"), 0);
         q.add_rate_limited("a");
         let start = Instant::now();
-        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(q.get().await, "a");
         assert_eq!(Instant::now() - start, START);
     }
 
@@ -592,7 +558,7 @@ mod tests {
         tokio::task::yield_now().await;
         q.add_rate_limited("a");
         let (key, waited) = worker.await.expect("worker task");
-        assert_eq!(key.as_deref(), Some("a"));
+        assert_eq!(key, "a");
         assert_eq!(waited, START);
     }
 
@@ -608,35 +574,6 @@ mod tests {
         assert_eq!(q.oldest_age(), Some(Duration::ZERO));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(q.longest_processing(), Some(Duration::from_secs(2)));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn shut_down_wakes_every_waiting_worker_with_none() {
-        let q = queue();
-        let workers: Vec<_> = (0..3)
-            .map(|_| {
-                let q = Arc::clone(&q);
-                tokio::spawn(async move { q.get().await })
-            })
-            .collect();
-        tokio::task::yield_now().await;
-        q.shut_down();
-        for w in workers {
-            assert_eq!(w.await.expect("worker task"), None);
-        }
-        q.add("a");
-        assert_eq!(q.get().await, None);
-        assert!(q.is_shutting_down());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn shut_down_still_hands_out_keys_queued_before_it() {
-        let q = queue();
-        q.add("a");
-        q.add_rate_limited("b");
-        q.shut_down();
-        assert_eq!(q.get().await.as_deref(), Some("a"));
-        assert_eq!(q.get().await, None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -110,21 +110,6 @@ impl Default for Args {
     }
 }
 
-impl Args {
-    /// The address of the HTTP server: `--metrics-address` if set, else `--http-endpoint`.
-    pub fn http_address(&self) -> Option<&str> {
-        self.metrics_address
-            .as_deref()
-            .or(self.http_endpoint.as_deref())
-    }
-
-    /// Whether `/healthz/leader-election` is served: only with `--http-endpoint`, never with the
-    /// deprecated `--metrics-address` (as in the Go sidecar).
-    pub fn serves_leader_election_health(&self) -> bool {
-        self.http_endpoint.is_some()
-    }
-}
-
 /// Leader-election settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderElection {
@@ -159,8 +144,10 @@ impl Default for LeaderElection {
 /// The attacher's feature gates after `--feature-gates` was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FeatureGates {
-    /// `ReleaseLeaderElectionOnExit` (alpha, default false): on SIGTERM, drain and release the
-    /// Lease.
+    /// `ReleaseLeaderElectionOnExit` (alpha, default false): in the Go sidecar, on SIGTERM, drain
+    /// and release the Lease. Accepted and recorded for compatibility only: attacher-hub always
+    /// drains and vacates its Leases on a graceful stop (`LeaderSettings::release_on_exit` is
+    /// always true, see `config::Defaults`), so the gate changes nothing here.
     pub release_leader_election_on_exit: bool,
     /// `MutableCSINodeAllocatableCount` (GA, default true).
     pub mutable_csi_node_allocatable_count: bool,

@@ -424,13 +424,6 @@ pub(crate) mod tests {
             e.to_string(),
             "Only one of `--metrics-address` and `--http-endpoint` can be set"
         );
-        let a = args(&["--metrics-address=:9090"]);
-        assert_eq!(a.http_address(), Some(":9090"));
-        assert!(!a.serves_leader_election_health());
-        let a = args(&["--http-endpoint=:8080"]);
-        assert_eq!(a.http_address(), Some(":8080"));
-        assert!(a.serves_leader_election_health());
-        assert_eq!(Args::default().http_address(), None);
     }
 
     #[test]

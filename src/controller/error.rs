@@ -63,36 +63,5 @@ pub enum Error {
     Translation(#[from] TranslationError),
 }
 
-impl Error {
-    /// A bounded label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::BothSources => "both_sources",
-            Self::NoSource => "no_source",
-            Self::InlineWithoutCsi => "inline_without_csi",
-            Self::PvNotFound { .. } => "pv_not_found",
-            Self::PvMarkedForDeletion { .. } => "pv_marked_for_deletion",
-            Self::NotCsi => "not_csi",
-            Self::CapabilityWithoutCsi => "capability_without_csi",
-            Self::AccessMode(_) => "access_mode",
-            Self::Translation(_) => "translation",
-        }
-    }
-}
-
 /// Result of this module's fallible helpers.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn error_metric_labels_are_bounded() {
-        assert_eq!(Error::NotCsi.metric_label(), "not_csi");
-        assert_eq!(
-            Error::from(AccessModeError::ReadOnlyManyAndReadWriteOnce).metric_label(),
-            "access_mode"
-        );
-    }
-}

@@ -67,20 +67,4 @@ impl Error {
             _ => None,
         }
     }
-
-    /// A bounded label for metrics and logs.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Volume(e) => e.metric_label(),
-            Self::NodeId(_) => "node_id",
-            Self::PvFinalizer(_) => "pv_finalizer",
-            Self::Secret { .. } => "secret",
-            Self::SaveVa(_) => "save_va",
-            Self::Csi(_) => "csi",
-            Self::MarkAttached(_) => "mark_attached",
-            Self::MarkDetached(_) => "mark_detached",
-            Self::RemovePvFinalizer(_) => "remove_pv_finalizer",
-            Self::Trivial(_) => "trivial",
-        }
-    }
 }

@@ -15,7 +15,7 @@ use super::{
     connection::Connection,
     proto::{self, controller_client::ControllerClient, identity_client::IdentityClient},
     redact::{NotUtf8, Secrets},
-    status::{self, Outcome},
+    status,
 };
 use crate::metrics::{CsiOperations, UNKNOWN_DRIVER};
 
@@ -80,11 +80,6 @@ impl CallError {
     /// The gRPC code.
     pub fn code(&self) -> tonic::Code {
         self.status.code()
-    }
-
-    /// Whether the operation may still be in progress (spec 3.7).
-    pub fn outcome(&self) -> Outcome {
-        status::classify(self.status.code())
     }
 }
 

@@ -1,47 +1,10 @@
-//! What a failed CSI call means: the one classifier of outcomes, and gRPC code
-//! names spelled as the Go sidecars spell them (metrics labels, error texts).
+//! gRPC codes and errors spelled as the Go sidecars spell them (metrics labels, error texts).
+//!
+//! There is no classifier of "final" and "may be in progress" errors: external-attacher's
+//! attacher computes one (`isFinalError`) and its `csiAttach` discards it; attach and detach
+//! errors are saved and retried alike.
 
 use tonic::Code;
-
-/// Whether a failed call may still have an effect on the storage backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The driver has, for sure, not done (and will not do) the operation.
-    Final,
-    /// The operation may still be in progress or may have taken effect.
-    MayBeInProgress,
-}
-
-/// Classifies the gRPC status of a failed `ControllerPublishVolume` (spec 3.7).
-///
-/// This is the only place that maps codes to outcomes; handlers branch on the
-/// returned [`Outcome`], never on raw codes.
-pub fn classify(code: Code) -> Outcome {
-    match code {
-        // The caller gave up (deadline or cancellation): the driver may still
-        // be working on it.
-        Code::Cancelled | Code::DeadlineExceeded => Outcome::MayBeInProgress,
-        // The driver or the connection was unavailable: the request may or may
-        // not have reached it.
-        Code::Unavailable => Outcome::MayBeInProgress,
-        // The driver is out of a resource right now or asked us to retry a
-        // conflicting operation later: it may still complete the attach.
-        Code::ResourceExhausted | Code::Aborted => Outcome::MayBeInProgress,
-        // Every other code is a definite answer from the driver.
-        Code::Ok
-        | Code::Unknown
-        | Code::InvalidArgument
-        | Code::NotFound
-        | Code::AlreadyExists
-        | Code::PermissionDenied
-        | Code::FailedPrecondition
-        | Code::OutOfRange
-        | Code::Unimplemented
-        | Code::Internal
-        | Code::DataLoss
-        | Code::Unauthenticated => Outcome::Final,
-    }
-}
 
 /// The Go spelling of a gRPC code (`codes.Code.String()` in grpc-go), used in
 /// the `grpc_status_code` metric label and in error messages.
@@ -81,34 +44,6 @@ pub fn go_error_text(status: &tonic::Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn codes_that_may_leave_work_in_flight_are_classified_as_in_progress() {
-        for code in [
-            Code::Cancelled,
-            Code::DeadlineExceeded,
-            Code::Unavailable,
-            Code::ResourceExhausted,
-            Code::Aborted,
-        ] {
-            assert_eq!(classify(code), Outcome::MayBeInProgress, "{code:?}");
-        }
-    }
-
-    #[test]
-    fn definite_answers_are_final() {
-        for code in [
-            Code::InvalidArgument,
-            Code::NotFound,
-            Code::AlreadyExists,
-            Code::FailedPrecondition,
-            Code::Internal,
-            Code::Unknown,
-            Code::Unimplemented,
-        ] {
-            assert_eq!(classify(code), Outcome::Final, "{code:?}");
-        }
-    }
 
     #[test]
     fn code_names_follow_grpc_go() {

@@ -58,17 +58,3 @@ pub enum Error {
         name: String,
     },
 }
-
-impl Error {
-    /// A short, bounded label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Config(_) => "config",
-            Error::Hostname(_) => "hostname",
-            Error::Get { .. } => "get",
-            Error::Create { .. } => "create",
-            Error::Update { .. } => "update",
-            Error::Timeout { .. } => "timeout",
-        }
-    }
-}

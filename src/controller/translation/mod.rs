@@ -328,16 +328,15 @@ mod tests {
     }
 
     #[test]
-    fn translation_errors_carry_the_attacher_prefix_and_one_metric_label() {
+    fn translation_errors_carry_the_attacher_prefix() {
         let err = pv_volume(&ebs_pv("aws://zone/not-a-volume", None)).expect_err("refused");
         assert_eq!(
             err.to_string(),
             "failed to translate in tree pv to CSI: failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume (aws://zone/not-a-volume)"
         );
-        assert_eq!(err.metric_label(), "translation");
         assert_eq!(
-            Error::from(TranslationError::AzureFileSecretNamespace).metric_label(),
-            "translation"
+            Error::from(TranslationError::AzureFileSecretNamespace).to_string(),
+            "failed to translate in tree pv to CSI: could not find a secret namespace in PersistentVolumeSource or ClaimRef"
         );
     }
 

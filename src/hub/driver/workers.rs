@@ -143,7 +143,7 @@ impl Driver {
             let (claim, waited) = tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
-                next = queue.claim() => match next { Some(c) => c, None => return },
+                next = queue.claim() => next,
             };
             let key = claim.key().to_owned();
             shared.metrics.observe_wait(&driver, queue.name(), waited);
