@@ -243,3 +243,80 @@ pub async fn run(args: Args) -> Result<(), Error> {
     hub::run(config, prometheus::Registry::new(), shutdown).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Parsed, parse_from};
+
+    fn args(list: &[&str]) -> Args {
+        let argv = std::iter::once("attacher-hub")
+            .chain(list.iter().copied())
+            .map(str::to_owned);
+        match parse_from(argv) {
+            Ok(Parsed::Run(args, _)) => *args,
+            other => panic!("{list:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sidecar_mode_serves_one_fixed_driver_and_health_only_on_the_http_endpoint() {
+        let c = hub_config(args(&[
+            "--csi-address=/run/csi/socket",
+            "--http-endpoint=:8080",
+            "--leader-election",
+        ]))
+        .expect("valid");
+        assert!(matches!(c.source, hub::Source::Fixed));
+        assert_eq!(c.drivers.len(), 1);
+        assert_eq!(c.drivers[0].address.to_string(), "unix:///run/csi/socket");
+        assert!(c.drivers[0].leader_election.is_some());
+        assert!(c.balance.is_none(), "one driver: nothing to balance");
+        let http = c.http.expect("a listener");
+        assert_eq!(
+            (http.address.as_str(), http.leader_election_health),
+            (":8080", true)
+        );
+        // The deprecated metrics address serves metrics only.
+        let c = hub_config(args(&["--metrics-address=:9090", "--leader-election"])).expect("valid");
+        let http = c.http.expect("a listener");
+        assert_eq!(
+            (http.address.as_str(), http.leader_election_health),
+            (":9090", false)
+        );
+        assert!(hub_config(args(&[])).expect("valid").http.is_none());
+    }
+
+    #[test]
+    fn hub_mode_reads_the_file_and_balances_with_leader_election() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("drivers.yaml");
+        std::fs::write(
+            &file,
+            "drivers:\n  - address: /csi/a.sock\n  - address: /csi/b.sock\n",
+        )
+        .expect("write");
+        let config = format!("--config={}", file.display());
+        let c = hub_config(args(&[&config, "--leader-election"])).expect("valid");
+        assert_eq!(c.drivers.len(), 2);
+        assert!(matches!(c.source, hub::Source::File { .. }));
+        assert!(c.balance.is_some());
+        let c = hub_config(args(&[&config])).expect("valid");
+        assert!(c.balance.is_none());
+    }
+
+    #[test]
+    fn bad_input_is_exit_code_2_and_a_bad_socket_exit_code_1() {
+        let e = hub_config(args(&["--config=/nonexistent/drivers.yaml"])).expect_err("no file");
+        assert_eq!(e.exit_code(), 2);
+        assert!(error_chain(&e).contains("/nonexistent/drivers.yaml"), "{e}");
+        let e = hub_config(args(&["--driver-sockets=/csi/[*.sock"])).expect_err("bad glob");
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string()
+                .starts_with("invalid value \"/csi/[*.sock\" for flag -driver-sockets")
+        );
+        let e = hub_config(args(&["--csi-address=tcp://h:1"])).expect_err("not a socket");
+        assert_eq!(e.exit_code(), 1);
+    }
+}

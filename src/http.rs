@@ -6,7 +6,7 @@ use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::{body::Incoming, server::conn::http1, service::service_fn};
+use hyper::{server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
@@ -120,7 +120,7 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     r
 }
 
-fn handle(routes: &Routes, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn handle<B>(routes: &Routes, req: &Request<B>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
@@ -161,5 +161,138 @@ fn handle(routes: &Routes, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             r
         }
         _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// A status whose answers the test sets.
+    struct Fixed {
+        health: Option<bool>,
+        ready: Result<(), String>,
+    }
+
+    impl Status for Fixed {
+        fn leader_election_healthy(&self) -> Option<bool> {
+            self.health
+        }
+
+        fn ready(&self) -> Result<(), String> {
+            self.ready.clone()
+        }
+
+        fn drivers(&self) -> serde_json::Value {
+            serde_json::json!([{ "name": "d.csi.io", "state": { "state": "leading" } }])
+        }
+    }
+
+    fn routes(health: Option<bool>, ready: Result<(), String>) -> Routes {
+        let registry = Registry::new();
+        let counter = prometheus::IntCounter::new("probe_total", "a test counter").expect("valid");
+        counter.inc();
+        registry
+            .register(Box::new(counter))
+            .expect("fresh registry");
+        Routes {
+            metrics_path: "/custom-metrics".into(),
+            registry,
+            status: Arc::new(Fixed { health, ready }),
+        }
+    }
+
+    async fn get(routes: &Routes, method: Method, path: &str) -> (StatusCode, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(())
+            .expect("a request");
+        let resp = handle(routes, &req);
+        let status = resp.status();
+        let body = resp.into_body().collect().await.expect("a body").to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn every_route_answers_as_the_go_sidecar_does() {
+        let ok = routes(Some(true), Ok(()));
+        let (code, body) = get(&ok, Method::GET, "/custom-metrics").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(body.contains("probe_total 1"), "{body}");
+        assert_eq!(
+            get(&ok, Method::GET, "/healthz").await,
+            (StatusCode::OK, "ok".into())
+        );
+        assert_eq!(
+            get(&ok, Method::GET, "/readyz").await,
+            (StatusCode::OK, "ok".into())
+        );
+        assert_eq!(
+            get(&ok, Method::GET, LEADER_ELECTION_HEALTH_PATH).await,
+            (StatusCode::OK, "ok".into())
+        );
+        let (code, body) = get(&ok, Method::GET, "/drivers").await;
+        assert_eq!(code, StatusCode::OK);
+        let drivers: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(drivers[0]["name"], "d.csi.io");
+        assert_eq!(
+            get(&ok, Method::GET, "/metrics").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            get(&ok, Method::POST, "/healthz").await.0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(get(&ok, Method::HEAD, "/healthz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn unready_and_unhealthy_answers_say_why() {
+        let sick = routes(Some(false), Err("the caches are not synced yet".into()));
+        assert_eq!(
+            get(&sick, Method::GET, "/readyz").await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the caches are not synced yet\n".into()
+            )
+        );
+        assert_eq!(
+            get(&sick, Method::GET, LEADER_ELECTION_HEALTH_PATH).await.0,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        // Without leader election (or with --metrics-address) the path does not exist.
+        let without = routes(None, Ok(()));
+        assert_eq!(
+            get(&without, Method::GET, LEADER_ELECTION_HEALTH_PATH)
+                .await
+                .0,
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    #[tokio::test]
+    async fn the_listener_serves_until_shutdown() {
+        let listener = bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("bound");
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, routes(None, Ok(())), stop.clone()));
+        let stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let req = Request::get("/healthz")
+            .header(header::HOST, address.to_string())
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("a request");
+        let resp = sender.send_request(req).await.expect("an answer");
+        assert_eq!(resp.status(), StatusCode::OK);
+        stop.cancel();
+        server.await.expect("the server ends");
     }
 }

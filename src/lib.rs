@@ -29,6 +29,8 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod csi;
+#[cfg(test)]
+pub(crate) mod fake_api;
 pub mod http;
 pub mod hub;
 pub mod k8s;

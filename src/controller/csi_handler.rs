@@ -444,6 +444,318 @@ fn compare_resource_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::fixtures::*;
+    use crate::csi::fake::FakeCsi;
+    use crate::fake_api::FakeApi;
+    use crate::k8s::stores::TestStores;
+    use crate::names::NODE_ID_ANNOTATION;
+    use k8s_openapi::api::storage::v1::VolumeAttachmentStatus;
+
+    /// A CSI handler between a fake API server, a fake driver and caches filled by hand.
+    struct World {
+        api: FakeApi,
+        csi: FakeCsi,
+        caches: TestStores,
+        handler: CsiHandler,
+    }
+
+    async fn world(caps: Capabilities, save_error_code: bool) -> World {
+        let api = FakeApi::default();
+        let csi = FakeCsi::new(DRIVER);
+        let caches = TestStores::new();
+        let handler = CsiHandler::new(
+            DRIVER.to_owned(),
+            csi.client().await,
+            caps,
+            api.writer(DRIVER),
+            caches.stores.clone(),
+            Config {
+                timeout: Duration::from_secs(5),
+                default_fstype: "ext4".into(),
+                max_entries: 0,
+                save_error_code,
+            },
+        );
+        World {
+            api,
+            csi,
+            caches,
+            handler,
+        }
+    }
+
+    fn attaching() -> Capabilities {
+        Capabilities {
+            controller_service: true,
+            publish_unpublish: true,
+            list_volumes: true,
+            list_volumes_published_nodes: true,
+            ..Capabilities::default()
+        }
+    }
+
+    impl World {
+        /// The PV `pv1` (CSI, handle `handle`, RWO), the CSINode of `node` and a VA `va` of it,
+        /// in the API server and in the caches.
+        fn volume(&mut self, pv_finalizers: &[&str], va: VolumeAttachment) -> VolumeAttachment {
+            let pv = pv_finalizers_of(pv("pv1", csi_spec(&["ReadWriteOnce"])), pv_finalizers);
+            let pv = self.api.put(&pv);
+            self.caches.apply_pv(&pv);
+            self.caches.apply_csinode(&csinode(&[(DRIVER, "id-1")]));
+            let mut va = va;
+            va.metadata.uid = Some("uid-of-va".into());
+            let va = self.api.put(&va);
+            self.caches.apply_va(&va);
+            va
+        }
+
+        fn stored_va(&self) -> Option<VolumeAttachment> {
+            self.api.get(None, "va")
+        }
+
+        fn stored_pv(&self) -> PersistentVolume {
+            self.api.get(None, "pv1").expect("the PV")
+        }
+
+        /// The paths of the successful writes, in order.
+        fn written(&self) -> Vec<String> {
+            self.api
+                .writes()
+                .iter()
+                .map(|w| {
+                    format!(
+                        "{} {}",
+                        w.method,
+                        w.path.rsplit("/v1/").next().unwrap_or("")
+                    )
+                })
+                .collect()
+        }
+    }
+
+    fn pv_finalizers_of(pv: PersistentVolume, f: &[&str]) -> PersistentVolume {
+        pv_finalizers(pv, (!f.is_empty()).then_some(f))
+    }
+
+    fn attached_va() -> VolumeAttachment {
+        let va = va_annotated(va_finalizers(va(Some("pv1")), &[FIN]), "id-1");
+        with_status(
+            va,
+            VolumeAttachmentStatus {
+                attached: true,
+                ..VolumeAttachmentStatus::default()
+            },
+        )
+    }
+
+    fn deleting_va(finalizers: &[&str]) -> VolumeAttachment {
+        let mut va = attached_va();
+        va.metadata.finalizers = Some(finalizers.iter().map(|f| (*f).to_owned()).collect());
+        va.metadata.deletion_timestamp = Some(crate::controller::fixtures::now());
+        va
+    }
+
+    #[tokio::test]
+    async fn an_attach_adds_the_pv_finalizer_saves_the_va_publishes_and_marks_it_attached() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[], va(Some("pv1")));
+        let synced = w.handler.sync_attach(&va).await.expect("attached");
+        assert_eq!(synced, Synced::Attached);
+        let publishes = w.csi.calls_of("ControllerPublishVolume");
+        assert_eq!(publishes.len(), 1);
+        assert_eq!(
+            (
+                publishes[0].volume_id.as_str(),
+                publishes[0].node_id.as_str()
+            ),
+            ("handle", "id-1")
+        );
+        // PV finalizer first, then the VA's finalizer and node ID, then its status.
+        assert_eq!(
+            w.written(),
+            [
+                "PATCH persistentvolumes/pv1",
+                "PATCH volumeattachments/va",
+                "PATCH volumeattachments/va/status",
+            ]
+        );
+        assert!(
+            w.stored_pv()
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&FIN.to_owned())
+        );
+        let stored = w.stored_va().expect("the VA");
+        assert_eq!(stored.metadata.finalizers, Some(vec![FIN.to_owned()]));
+        assert_eq!(
+            stored.metadata.annotations.unwrap_or_default()[NODE_ID_ANNOTATION],
+            "id-1"
+        );
+        let status = stored.status.expect("a status");
+        assert!(status.attached);
+        assert_eq!(
+            status.attachment_metadata.unwrap_or_default(),
+            map(&[("devicePath", "handle")])
+        );
+        assert!(status.attach_error.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stale_copy_of_a_va_marked_attached_waits_for_the_echo_instead_of_publishing_again() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[], va(Some("pv1")));
+        w.handler.sync_attach(&va).await.expect("attached");
+        // The cache still holds the copy from before our status write.
+        let again = w.handler.sync_attach(&va).await.expect("no error");
+        assert_eq!(again, Synced::Unchanged);
+        assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
+        // Once the cache shows the written copy, nothing is left to do either.
+        let echo = w.stored_va().expect("the VA");
+        assert_eq!(
+            w.handler.sync_attach(&echo).await.expect("ok"),
+            Synced::Unchanged
+        );
+        assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_publish_saves_the_attach_error_with_its_grpc_code() {
+        for save_error_code in [true, false] {
+            let mut w = world(attaching(), save_error_code).await;
+            let va = w.volume(&[], va(Some("pv1")));
+            w.csi
+                .fail_next_publish(tonic::Status::resource_exhausted("no room"));
+            let err = w.handler.sync_attach(&va).await.expect_err("fails");
+            assert_eq!(
+                err.to_string(),
+                "rpc error: code = ResourceExhausted desc = no room"
+            );
+            let stored = w.stored_va().expect("the VA");
+            let status = stored.status.expect("a status");
+            assert!(!status.attached);
+            let error = status.attach_error.expect("attachError");
+            assert_eq!(error.message.as_deref(), Some(err.to_string().as_str()));
+            assert_eq!(
+                error.error_code,
+                save_error_code.then_some(tonic::Code::ResourceExhausted as i32)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_va_whose_pv_is_missing_saves_the_external_attacher_text() {
+        let mut w = world(attaching(), true).await;
+        let va = w.api.put(&va(Some("gone")));
+        w.caches.apply_va(&va);
+        let err = w.handler.sync_attach(&va).await.expect_err("fails");
+        assert_eq!(err.to_string(), "persistentvolume \"gone\" not found");
+        assert!(w.csi.calls_of("ControllerPublishVolume").is_empty());
+        let stored = w.stored_va().expect("the VA");
+        assert_eq!(
+            stored
+                .status
+                .and_then(|s| s.attach_error)
+                .and_then(|e| e.message),
+            Some(err.to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_detach_unpublishes_and_removes_the_finalizer_without_writing_a_deleted_va() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN], deleting_va(&[FIN]));
+        let synced = w.handler.sync_detach(&va).await.expect("detached");
+        assert_eq!(synced, Synced::Detached);
+        let unpublishes = w.csi.calls_of("ControllerUnpublishVolume");
+        assert_eq!(unpublishes.len(), 1);
+        assert_eq!(
+            (
+                unpublishes[0].volume_id.as_str(),
+                unpublishes[0].node_id.as_str()
+            ),
+            ("handle", "id-1")
+        );
+        // The last finalizer went: the VA is gone, and no status patch follows.
+        assert_eq!(w.written(), ["PATCH volumeattachments/va"]);
+        assert!(w.stored_va().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_detach_of_a_va_kept_by_another_finalizer_also_marks_it_detached() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN], deleting_va(&[FIN, "example.com/other"]));
+        w.handler.sync_detach(&va).await.expect("detached");
+        assert_eq!(
+            w.written(),
+            [
+                "PATCH volumeattachments/va",
+                "PATCH volumeattachments/va/status"
+            ]
+        );
+        let stored = w.stored_va().expect("kept by the other finalizer");
+        assert_eq!(
+            stored.metadata.finalizers,
+            Some(vec!["example.com/other".to_owned()])
+        );
+        assert!(!stored.status.expect("a status").attached);
+    }
+
+    #[tokio::test]
+    async fn a_failed_unpublish_keeps_the_finalizer_and_saves_the_detach_error() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN], deleting_va(&[FIN]));
+        w.csi
+            .fail_next_unpublish(tonic::Status::unavailable("driver busy"));
+        let err = w.handler.sync_detach(&va).await.expect_err("fails");
+        let stored = w.stored_va().expect("kept");
+        assert_eq!(stored.metadata.finalizers, Some(vec![FIN.to_owned()]));
+        let error = stored
+            .status
+            .and_then(|s| s.detach_error)
+            .expect("detachError");
+        assert_eq!(error.message, Some(err.to_string()));
+        // Retried later, it detaches.
+        w.caches.apply_va(&w.stored_va().expect("kept"));
+        let retry = w.stored_va().expect("kept");
+        w.handler.sync_detach(&retry).await.expect("detached");
+        assert!(w.stored_va().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_deleted_pv_loses_our_finalizer_only_once_no_va_names_it() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN, "kubernetes.io/pv-protection"], attached_va());
+        let deleting = deleting(w.stored_pv());
+        let deleting = w.api.put(&deleting);
+        w.caches.apply_pv(&deleting);
+        w.api.clear_log();
+        w.handler.sync_pv(&deleting).await.expect("ok");
+        assert!(w.api.writes().is_empty(), "a VA still names the PV");
+        w.caches.delete_va(&va);
+        w.handler.sync_pv(&deleting).await.expect("ok");
+        assert_eq!(w.written(), ["PATCH persistentvolumes/pv1"]);
+        assert_eq!(
+            w.stored_pv().metadata.finalizers,
+            Some(vec!["kubernetes.io/pv-protection".to_owned()])
+        );
+    }
+
+    #[tokio::test]
+    async fn the_reconciler_forces_a_publish_of_an_attached_va_the_driver_does_not_report() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN], attached_va());
+        // The driver reports the volume on another node only.
+        w.csi.set_published("handle", &["other-node"]);
+        let out_of_sync = w.handler.reconcile().await.expect("listed");
+        assert_eq!(out_of_sync, ["va"]);
+        // The next sync publishes again although the VA says attached.
+        w.handler.sync_attach(&va).await.expect("republished");
+        assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
+        // A VA the driver reports on its node is in sync.
+        w.csi.set_published("handle", &["id-1"]);
+        assert!(w.handler.reconcile().await.expect("listed").is_empty());
+    }
 
     #[test]
     fn resource_versions_compare_as_numbers() {

@@ -33,3 +33,56 @@ impl TrivialHandler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::fixtures::{DRIVER, now, va};
+    use crate::fake_api::FakeApi;
+
+    #[tokio::test]
+    async fn every_va_is_marked_attached_once_and_nothing_else_is_written() {
+        let api = FakeApi::default();
+        let handler = TrivialHandler::new(api.writer(DRIVER));
+        let created = api.put(&va(Some("pv1")));
+        assert_eq!(
+            handler.sync_va(&created).await.expect("ok"),
+            Synced::Attached
+        );
+        let stored: VolumeAttachment = api.get(None, "va").expect("the VA");
+        assert!(stored.status.as_ref().is_some_and(|s| s.attached));
+        assert_eq!(stored.metadata.finalizers, created.metadata.finalizers);
+        assert_eq!(api.writes().len(), 1);
+        // Attached already: no request at all; a deleting VA is treated alike.
+        api.clear_log();
+        assert_eq!(
+            handler.sync_va(&stored).await.expect("ok"),
+            Synced::Unchanged
+        );
+        let mut deleting = stored.clone();
+        deleting.metadata.deletion_timestamp = Some(now());
+        assert_eq!(
+            handler.sync_va(&deleting).await.expect("ok"),
+            Synced::Unchanged
+        );
+        assert!(api.log().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_vanished_va_is_nothing_to_do_and_an_api_failure_is_an_error() {
+        let api = FakeApi::default();
+        let handler = TrivialHandler::new(api.writer(DRIVER));
+        let never_stored = va(None);
+        assert_eq!(
+            handler.sync_va(&never_stored).await.expect("ok"),
+            Synced::Unchanged
+        );
+        api.put(&never_stored);
+        api.set_failing(true);
+        let err = handler.sync_va(&never_stored).await.expect_err("fails");
+        assert!(
+            err.to_string().starts_with("failed to mark as attached: "),
+            "{err}"
+        );
+    }
+}

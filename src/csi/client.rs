@@ -173,7 +173,11 @@ pub struct DriverClient {
 impl DriverClient {
     /// A client over an established connection.
     pub fn new(connection: &Connection, metrics: CallMetrics) -> Self {
-        let channel = connection.channel();
+        Self::from_channel(connection.channel(), metrics)
+    }
+
+    /// A client over a gRPC channel to the driver.
+    pub fn from_channel(channel: Channel, metrics: CallMetrics) -> Self {
         Self {
             identity: IdentityClient::new(channel.clone())
                 .max_decoding_message_size(MAX_RESPONSE_BYTES),

@@ -3,6 +3,8 @@
 
 pub mod client;
 pub mod connection;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod probe;
 pub mod proto;
 pub mod redact;

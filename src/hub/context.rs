@@ -18,3 +18,40 @@ pub struct Context {
     /// balancing waits for it, so its first share counts every configured driver.
     pub first_reconcile: CancellationToken,
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use dashmap::DashMap;
+
+    use super::*;
+    use crate::fake_api::FakeApi;
+    use crate::k8s::budget::{FairCap, Limit};
+    use crate::k8s::stores::Stores;
+    use crate::leader::balance::Balance;
+    use crate::metrics::{CsiOperations, HubMetrics};
+
+    /// A hub over a fake API server and caches filled by hand, its metrics on a registry of
+    /// their own.
+    pub(crate) fn context(api: &FakeApi, stores: Stores) -> Arc<Context> {
+        let registry = Arc::new(Registry::default());
+        let metrics = prometheus::Registry::new();
+        let shared = Arc::new(Shared {
+            client: api.client(),
+            leader_client: api.client(),
+            stores,
+            names: registry.clone(),
+            csi_ops: CsiOperations::register(&metrics).expect("fresh registry"),
+            metrics: HubMetrics::register(&metrics).expect("fresh registry"),
+            api_cap: FairCap::new(Limit::Unlimited),
+            leader_status: DashMap::new(),
+            balance: Arc::new(Balance::default()),
+            max_grpc_log_length: -1,
+            lease_feeds: DashMap::new(),
+        });
+        Arc::new(Context {
+            shared,
+            registry,
+            first_reconcile: CancellationToken::new(),
+        })
+    }
+}

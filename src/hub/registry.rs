@@ -161,4 +161,55 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn names_that_share_a_finalizer_are_refused_and_only_the_holder_releases_a_name() {
+        let registry = Registry::default();
+        let (first, second) = (driver("/a.sock"), driver("/b.sock"));
+        registry.register("a.b", &first).expect("free");
+        registry.register("a.b", &first).expect("the holder again");
+        let refused = registry
+            .register("a-b", &second)
+            .expect_err("same finalizer");
+        assert!(
+            refused.contains("collides with driver \"a.b\"")
+                && refused.contains("external-attacher/a-b"),
+            "{refused}"
+        );
+        let refused = registry.register("a.b", &second).expect_err("same name");
+        assert!(
+            refused.contains("already served by socket unix:///a.sock"),
+            "{refused}"
+        );
+        let (name, holder) = registry.by_sanitized("a-b").expect("held");
+        assert_eq!(name, "a.b");
+        assert!(Arc::ptr_eq(&holder, &first));
+        // The loser's release changes nothing; the holder's frees name and finalizer.
+        Names::unregister(&registry, "a.b", &second);
+        assert!(registry.get("a.b").is_some());
+        Names::unregister(&registry, "a.b", &first);
+        assert!(registry.get("a.b").is_none() && registry.by_sanitized("a-b").is_none());
+        Names::register(&registry, "a-b", &second).expect("free now");
+    }
+
+    #[test]
+    fn a_removed_slot_retires_its_name_once() {
+        let registry = Registry::default();
+        let defaults =
+            crate::config::Defaults::with_identity(&crate::cli::Args::default(), "h".into());
+        let named = Driver::named(
+            defaults.settings_for("/x.sock".parse().expect("socket path")),
+            Origin::Configured,
+            "x.csi.io",
+        );
+        let unnamed = driver("/y.sock");
+        registry.add_slot(named.clone());
+        registry.add_slot(unnamed.clone());
+        assert_eq!(registry.slots().len(), 2);
+        registry.remove_slot(&named);
+        registry.remove_slot(&unnamed);
+        assert!(registry.slots().is_empty());
+        assert_eq!(registry.take_retired(), ["x.csi.io"]);
+        assert!(registry.take_retired().is_empty());
+    }
 }

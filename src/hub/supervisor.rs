@@ -142,7 +142,17 @@ impl Supervisor {
         }
 
         tracing::info!("shutting down: draining drivers and releasing leases");
-        let stopping: Vec<Running> = self.running.drain().map(|(_, r)| r).collect();
+        let all: Vec<PathBuf> = self.running.keys().cloned().collect();
+        self.stop(all).await;
+    }
+
+    /// Stops the drivers at `paths`, all at once (each drains its work and vacates its Lease),
+    /// waits for them, and removes their slots.
+    async fn stop(&mut self, paths: Vec<PathBuf>) {
+        let stopping: Vec<Running> = paths
+            .iter()
+            .filter_map(|path| self.running.remove(path))
+            .collect();
         for r in &stopping {
             r.stop.cancel();
         }
@@ -181,18 +191,12 @@ impl Supervisor {
             })
             .map(|(path, _)| path.clone())
             .collect();
-        let mut stopping = Vec::new();
-        for path in stale {
-            if let Some(r) = self.running.remove(&path) {
+        for path in &stale {
+            if let Some(r) = self.running.get(path) {
                 tracing::info!(socket = %r.settings.address, "stopping driver (removed or changed)");
-                r.stop.cancel();
-                stopping.push(r);
             }
         }
-        for r in stopping {
-            let _ = r.task.await;
-            self.hub.registry.remove_slot(&r.driver);
-        }
+        self.stop(stale).await;
 
         // Start what is new (or changed).
         let mut new: Vec<(PathBuf, (Settings, Origin))> = wanted
@@ -252,5 +256,175 @@ async fn supervised(driver: Arc<Driver>, hub: Arc<Context>, stop: CancellationTo
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Args;
+    use crate::config::Defaults;
+    use crate::fake_api::FakeApi;
+    use crate::hub::context::tests::context;
+    use crate::hub::driver::State;
+    use crate::k8s::stores::TestStores;
+
+    /// The settings the flags give a socket (nobody listens there: its driver keeps trying to
+    /// connect until it is stopped).
+    fn settings(dir: &Path, socket: &str) -> Settings {
+        let defaults = Defaults::with_identity(&Args::default(), "test-host".into());
+        let path = dir.join(socket);
+        defaults.settings_for(path.to_str().expect("UTF-8 path").parse().expect("a path"))
+    }
+
+    /// The running drivers, by socket file name.
+    fn slots(sup: &Supervisor) -> HashMap<String, Arc<Driver>> {
+        sup.hub
+            .registry
+            .slots()
+            .into_iter()
+            .map(|d| {
+                let file = d.settings().address.path().file_name().expect("a file");
+                (file.to_string_lossy().into_owned(), d)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_new_driver_list_restarts_what_changed_starts_what_is_new_and_stops_what_is_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let caches = TestStores::new();
+        let mut sup = Supervisor::new(
+            context(&FakeApi::default(), caches.stores.clone()),
+            Source::Fixed,
+        );
+        let (a, b, c) = (
+            settings(dir.path(), "a.sock"),
+            settings(dir.path(), "b.sock"),
+            settings(dir.path(), "c.sock"),
+        );
+        sup.apply(&[a.clone(), b.clone()], &[]).await;
+        let first = slots(&sup);
+        assert_eq!(first.len(), 2);
+        assert!(first.values().all(|d| d.state() == State::Connecting));
+
+        // a changes, b stays, c is new.
+        let mut a2 = a.clone();
+        a2.timeout = Duration::from_secs(7);
+        sup.apply(&[a2.clone(), b.clone(), c.clone()], &[]).await;
+        let second = slots(&sup);
+        assert_eq!(second.len(), 3);
+        assert!(
+            !Arc::ptr_eq(&first["a.sock"], &second["a.sock"]),
+            "restarted"
+        );
+        assert_eq!(first["a.sock"].state(), State::Stopped);
+        assert_eq!(second["a.sock"].settings().timeout, Duration::from_secs(7));
+        assert!(
+            Arc::ptr_eq(&first["b.sock"], &second["b.sock"]),
+            "untouched"
+        );
+        assert_eq!(second["b.sock"].state(), State::Connecting);
+
+        // b is gone; the same list again changes nothing.
+        sup.apply(&[a2.clone(), c.clone()], &[]).await;
+        let third = slots(&sup);
+        assert_eq!(third.len(), 2);
+        assert_eq!(second["b.sock"].state(), State::Stopped);
+        sup.apply(&[a2.clone(), c.clone()], &[]).await;
+        let fourth = slots(&sup);
+        assert!(
+            ["a.sock", "c.sock"]
+                .iter()
+                .all(|s| Arc::ptr_eq(&third[*s], &fourth[*s]))
+        );
+
+        let all: Vec<PathBuf> = sup.running.keys().cloned().collect();
+        sup.stop(all).await;
+        assert!(sup.hub.registry.slots().is_empty());
+        assert!(fourth.values().all(|d| d.state() == State::Stopped));
+    }
+
+    #[tokio::test]
+    async fn a_configured_socket_wins_over_the_same_socket_discovered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let caches = TestStores::new();
+        let mut sup = Supervisor::new(
+            context(&FakeApi::default(), caches.stores.clone()),
+            Source::Fixed,
+        );
+        let (a, d) = (
+            settings(dir.path(), "a.sock"),
+            settings(dir.path(), "d.sock"),
+        );
+        sup.apply(std::slice::from_ref(&a), &[a.clone(), d.clone()])
+            .await;
+        assert_eq!(sup.running.len(), 2);
+        let origin = |sup: &Supervisor, s: &Settings| sup.running[s.address.path()].origin;
+        assert_eq!(origin(&sup, &a), Origin::Configured);
+        assert_eq!(origin(&sup, &d), Origin::Discovered);
+        // Configured later, the discovered socket restarts as a configured driver.
+        let discovered = slots(&sup)["d.sock"].clone();
+        sup.apply(&[a.clone(), d.clone()], std::slice::from_ref(&d))
+            .await;
+        assert_eq!(origin(&sup, &d), Origin::Configured);
+        assert_eq!(discovered.state(), State::Stopped);
+        let all: Vec<PathBuf> = sup.running.keys().cloned().collect();
+        sup.stop(all).await;
+    }
+
+    /// The driver file is re-read when its content changes: a valid new list is applied, an
+    /// invalid one is refused and the running drivers are kept.
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_driver_file_is_applied_and_an_invalid_one_keeps_the_running_drivers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("drivers.yaml");
+        let entry = |socket: &str| format!("  - address: {}\n", dir.path().join(socket).display());
+        std::fs::write(&file, format!("drivers:\n{}", entry("a.sock"))).expect("write");
+        let defaults = Defaults::with_identity(&Args::default(), "test-host".into());
+        let load: Loader = Arc::new(move |p: &Path| {
+            crate::config::load(p, &defaults, false).map_err(|e| e.to_string())
+        });
+        let initial = load(&file).expect("valid").drivers;
+        let caches = TestStores::new();
+        let hub = context(&FakeApi::default(), caches.stores.clone());
+        let source = Source::File {
+            path: file.clone(),
+            load,
+            discover: None,
+        };
+        let shutdown = CancellationToken::new();
+        let task =
+            tokio::spawn(Supervisor::new(hub.clone(), source).run(initial, shutdown.clone()));
+        let sockets = || {
+            let mut names: Vec<String> = hub
+                .registry
+                .slots()
+                .iter()
+                .map(|d| d.settings().address.to_string())
+                .collect();
+            names.sort();
+            names
+        };
+        tokio::time::sleep(SOURCE_POLL_INTERVAL).await;
+        assert_eq!(sockets().len(), 1);
+        assert!(hub.first_reconcile.is_cancelled());
+
+        std::fs::write(
+            &file,
+            format!("drivers:\n{}{}", entry("a.sock"), entry("b.sock")),
+        )
+        .expect("write");
+        tokio::time::sleep(SOURCE_POLL_INTERVAL * 2).await;
+        let two = sockets();
+        assert_eq!(two.len(), 2, "{two:?}");
+
+        std::fs::write(&file, "drivers: [").expect("write");
+        tokio::time::sleep(SOURCE_POLL_INTERVAL * 2).await;
+        assert_eq!(sockets(), two, "an invalid file changes nothing");
+
+        shutdown.cancel();
+        task.await.expect("the supervisor ends");
+        assert!(sockets().is_empty());
     }
 }

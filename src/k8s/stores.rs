@@ -66,3 +66,67 @@ impl Stores {
         *self.synced.borrow()
     }
 }
+
+/// Stores filled by hand, for unit tests: what the watches would have delivered.
+#[cfg(test)]
+pub(crate) struct TestStores {
+    /// The stores (synced).
+    pub(crate) stores: Stores,
+    vas: kube::runtime::reflector::store::Writer<VolumeAttachment>,
+    pvs: kube::runtime::reflector::store::Writer<PersistentVolume>,
+    csinodes: kube::runtime::reflector::store::Writer<CSINode>,
+    synced_tx: watch::Sender<bool>,
+}
+
+#[cfg(test)]
+impl TestStores {
+    /// Empty, synced stores.
+    pub(crate) fn new() -> Self {
+        use kube::runtime::reflector::store;
+        let (vas_store, vas) = store();
+        let (pvs_store, pvs) = store();
+        let (csinodes_store, csinodes) = store();
+        let (synced_tx, synced) = watch::channel(true);
+        Self {
+            stores: Stores {
+                vas: vas_store,
+                pvs: pvs_store,
+                csinodes: csinodes_store,
+                synced,
+            },
+            vas,
+            pvs,
+            csinodes,
+            synced_tx,
+        }
+    }
+
+    /// Whether the VolumeAttachment and PersistentVolume caches count as synced.
+    pub(crate) fn set_synced(&self, synced: bool) {
+        self.synced_tx.send_replace(synced);
+    }
+
+    /// The cache now holds `va`.
+    pub(crate) fn apply_va(&mut self, va: &VolumeAttachment) {
+        self.vas
+            .apply_watcher_event(&kube::runtime::watcher::Event::Apply(va.clone()));
+    }
+
+    /// The cache no longer holds `va`.
+    pub(crate) fn delete_va(&mut self, va: &VolumeAttachment) {
+        self.vas
+            .apply_watcher_event(&kube::runtime::watcher::Event::Delete(va.clone()));
+    }
+
+    /// The cache now holds `pv`.
+    pub(crate) fn apply_pv(&mut self, pv: &PersistentVolume) {
+        self.pvs
+            .apply_watcher_event(&kube::runtime::watcher::Event::Apply(pv.clone()));
+    }
+
+    /// The cache now holds `csinode`.
+    pub(crate) fn apply_csinode(&mut self, csinode: &CSINode) {
+        self.csinodes
+            .apply_watcher_event(&kube::runtime::watcher::Event::Apply(csinode.clone()));
+    }
+}

@@ -178,3 +178,57 @@ impl Writer {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::ByteString;
+    use serde_json::json;
+
+    use super::*;
+    use crate::fake_api::FakeApi;
+
+    #[tokio::test]
+    async fn every_request_is_counted_by_verb_resource_and_outcome() {
+        let api = FakeApi::default();
+        let counter = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("requests", "test"),
+            &["driver_name", "verb", "resource", "code"],
+        )
+        .expect("valid");
+        let writer = api.writer("d").with_request_counter(counter.clone(), "d");
+        let mut va = VolumeAttachment::default();
+        va.metadata.name = Some("va".into());
+        api.put(&va);
+        let patch = json!({ "status": { "attached": true } });
+        writer.merge_va_status("va", &patch).await.expect("patched");
+        let missing = writer.merge_va("gone", &patch).await.expect_err("404");
+        assert!(super::super::is_not_found(&missing));
+        api.set_failing(true);
+        writer.merge_va("va", &patch).await.expect_err("500");
+        let count = |verb: &str, resource: &str, code: &str| {
+            counter
+                .with_label_values(&["d", verb, resource, code])
+                .get()
+        };
+        assert_eq!(count("PATCH", "volumeattachments/status", "200"), 1);
+        assert_eq!(count("PATCH", "volumeattachments", "404"), 1);
+        assert_eq!(count("PATCH", "volumeattachments", "500"), 1);
+    }
+
+    #[tokio::test]
+    async fn secret_data_is_read_live_byte_for_byte() {
+        let api = FakeApi::default();
+        let mut secret = Secret::default();
+        secret.metadata.name = Some("s".into());
+        secret.metadata.namespace = Some("ns".into());
+        secret.data = Some(
+            [("key".to_owned(), ByteString(vec![0xff, 0x00, b'a']))]
+                .into_iter()
+                .collect(),
+        );
+        api.put(&secret);
+        let data = api.writer("d").secret_data("ns", "s").await.expect("read");
+        assert_eq!(data["key"], vec![0xff, 0x00, b'a']);
+        assert!(api.writer("d").secret_data("ns", "other").await.is_err());
+    }
+}

@@ -575,6 +575,7 @@ impl LeaderElector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api::FakeApi;
     use crate::leader::config::DEFAULT_LEASE_DURATION;
     use crate::leader::record::tests::record;
     use crate::leader::status::HEALTH_TOLERANCE;
@@ -591,120 +592,6 @@ mod tests {
         }
     }
 
-    /// An in-memory Lease endpoint that enforces `resourceVersion` preconditions like the API
-    /// server, for driving the elector's loops under paused time.
-    mod fake {
-        use std::convert::Infallible;
-        use std::sync::Arc;
-
-        use parking_lot::{Mutex, MutexGuard};
-
-        use http::{Method, Request, Response, StatusCode};
-        use k8s_openapi::api::coordination::v1::Lease;
-        use kube::Client;
-        use kube::client::Body;
-
-        /// What the fake API server holds.
-        #[derive(Debug, Default)]
-        pub(super) struct State {
-            /// The stored Lease.
-            pub(super) lease: Option<Lease>,
-            /// Last resourceVersion handed out.
-            pub(super) rv: u64,
-            /// Answer every request with 500.
-            pub(super) fail: bool,
-            /// Answer this many of the next requests with 503 (a server warming up).
-            pub(super) fail_next: usize,
-            /// Successful writes (POST/PUT), in order.
-            pub(super) writes: Vec<Lease>,
-        }
-
-        /// Shared handle on the fake's state.
-        #[derive(Clone, Debug, Default)]
-        pub(super) struct Fake(Arc<Mutex<State>>);
-
-        impl Fake {
-            pub(super) fn state(&self) -> MutexGuard<'_, State> {
-                self.0.lock()
-            }
-
-            /// Stores `lease` as if another client wrote it.
-            pub(super) fn put(&self, mut lease: Lease) {
-                let mut st = self.state();
-                st.rv += 1;
-                lease.metadata.resource_version = Some(st.rv.to_string());
-                st.lease = Some(lease);
-            }
-
-            pub(super) fn client(&self) -> Client {
-                let fake = self.clone();
-                let svc = tower::service_fn(move |req: Request<Body>| {
-                    let fake = fake.clone();
-                    async move { Ok::<_, Infallible>(fake.handle(req).await) }
-                });
-                Client::new(svc, "default")
-            }
-
-            async fn handle(&self, req: Request<Body>) -> Response<Body> {
-                let method = req.method().clone();
-                let body = req.into_body().collect_bytes().await.unwrap_or_default();
-                let mut st = self.state();
-                if st.fail {
-                    return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError");
-                }
-                if st.fail_next > 0 {
-                    st.fail_next -= 1;
-                    return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable");
-                }
-                match method {
-                    Method::GET => match &st.lease {
-                        Some(lease) => json(StatusCode::OK, lease),
-                        None => status(StatusCode::NOT_FOUND, "NotFound"),
-                    },
-                    Method::POST if st.lease.is_some() => {
-                        status(StatusCode::CONFLICT, "AlreadyExists")
-                    }
-                    Method::POST | Method::PUT => {
-                        let Ok(mut lease) = serde_json::from_slice::<Lease>(&body) else {
-                            return status(StatusCode::BAD_REQUEST, "BadRequest");
-                        };
-                        if method == Method::PUT {
-                            let current = st
-                                .lease
-                                .as_ref()
-                                .and_then(|l| l.metadata.resource_version.clone());
-                            if lease.metadata.resource_version != current {
-                                return status(StatusCode::CONFLICT, "Conflict");
-                            }
-                        }
-                        st.rv += 1;
-                        lease.metadata.resource_version = Some(st.rv.to_string());
-                        st.lease = Some(lease.clone());
-                        st.writes.push(lease.clone());
-                        json(StatusCode::OK, &lease)
-                    }
-                    _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
-                }
-            }
-        }
-
-        fn json(code: StatusCode, lease: &Lease) -> Response<Body> {
-            let mut resp = Response::new(Body::from(serde_json::to_vec(lease).unwrap_or_default()));
-            *resp.status_mut() = code;
-            resp
-        }
-
-        fn status(code: StatusCode, reason: &str) -> Response<Body> {
-            let body = serde_json::json!({
-                "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                "code": code.as_u16(), "reason": reason, "message": reason,
-            });
-            let mut resp = Response::new(Body::from(body.to_string().into_bytes()));
-            *resp.status_mut() = code;
-            resp
-        }
-    }
-
     fn fast_config(identity: &str) -> Config {
         let mut c = Config::new("lease", "default", identity);
         c.lease_duration = Duration::from_secs(4);
@@ -715,7 +602,7 @@ mod tests {
     }
 
     fn spawn_on(
-        fake: &fake::Fake,
+        fake: &FakeApi,
         config: Config,
     ) -> (
         watch::Receiver<Leadership>,
@@ -742,13 +629,17 @@ mod tests {
         }
     }
 
-    fn stored_record(fake: &fake::Fake) -> Record {
-        Record::from_spec(fake.state().lease.as_ref().and_then(|l| l.spec.as_ref()))
+    fn stored_lease(fake: &FakeApi) -> Option<Lease> {
+        fake.get(Some("default"), "lease")
+    }
+
+    fn stored_record(fake: &FakeApi) -> Record {
+        Record::from_spec(stored_lease(fake).as_ref().and_then(|l| l.spec.as_ref()))
     }
 
     #[tokio::test(start_paused = true)]
     async fn creates_renews_and_releases() {
-        let fake = fake::Fake::default();
+        let fake = FakeApi::default();
         let mut c = fast_config("me");
         c.labels.insert("k".into(), "v".into());
         let (mut rx, handle, token, status) = spawn_on(&fake, c);
@@ -762,18 +653,11 @@ mod tests {
         let renewed = stored_record(&fake);
         assert_eq!(renewed.acquire_time, created.acquire_time);
         assert_eq!(renewed.transitions, 0);
-        assert_eq!(
-            fake.state().writes.len(),
-            4,
-            "create + one renewal per second"
-        );
-        assert!(fake.state().writes.iter().all(|l| {
-            l.metadata
-                .labels
+        assert_eq!(fake.writes().len(), 4, "create + one renewal per second");
+        assert!(fake.writes().iter().all(|w| {
+            w.body
                 .as_ref()
-                .and_then(|m| m.get("k"))
-                .map(String::as_str)
-                == Some("v")
+                .is_some_and(|l| l["metadata"]["labels"]["k"] == "v")
         }));
         assert_eq!(status.check(HEALTH_TOLERANCE), Ok(()));
 
@@ -788,8 +672,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn takes_over_a_stale_foreign_lease_after_lease_duration() {
-        let fake = fake::Fake::default();
-        fake.put(held_by("other", 2));
+        let fake = FakeApi::default();
+        fake.put(&held_by("other", 2));
         let start = Instant::now();
         let (mut rx, _handle, _token, status) = spawn_on(&fake, fast_config("me"));
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -812,16 +696,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_renewing_foreign_holder_is_never_displaced() {
-        let fake = fake::Fake::default();
-        fake.put(held_by("other", 0));
+        let fake = FakeApi::default();
+        fake.put(&held_by("other", 0));
         let (rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
         for i in 0..20 {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let mut lease = fake.state().lease.clone().expect("lease");
+            let mut lease = stored_lease(&fake).expect("lease");
             let mut r = stored_record(&fake);
             r.renew_time = Some(MicroTime(Timestamp::constant(i, 0)));
             lease.spec = Some(r.to_spec());
-            fake.put(lease);
+            fake.put(&lease);
             assert!(!rx.borrow().is_leading());
         }
         assert_eq!(stored_record(&fake).holder, "other");
@@ -829,12 +713,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn stops_leading_when_renewals_fail_for_the_renew_deadline() {
-        let fake = fake::Fake::default();
+        let fake = FakeApi::default();
         let (mut rx, _handle, _token, status) = spawn_on(&fake, fast_config("me"));
         rx.wait_for(Leadership::is_leading).await.expect("leads");
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let last_renew = status.last_renew().expect("renewed");
-        fake.state().fail = true;
+        fake.set_failing(true);
         rx.wait_for(|l| !l.is_leading()).await.expect("loses");
         // client-go: the failing round starts a retry period after the last renewal and lasts
         // the renew deadline (1 s + 3 s here), still within the lease duration (4 s).
@@ -848,7 +732,7 @@ mod tests {
             "gave up early: {lost_after:?}"
         );
         // It competes again once the API server recovers.
-        fake.state().fail = false;
+        fake.set_failing(false);
         rx.wait_for(Leadership::is_leading)
             .await
             .expect("leads again");
@@ -858,7 +742,7 @@ mod tests {
     /// is retried within the round; leadership survives a server that answers 503 briefly.
     #[tokio::test(start_paused = true)]
     async fn a_transient_renewal_error_does_not_cost_leadership() {
-        let fake = fake::Fake::default();
+        let fake = FakeApi::default();
         let mut c = Config::new("lease", "default", "me");
         c.release_on_cancel = true;
         let (mut rx, _handle, _token, status) = spawn_on(&fake, c);
@@ -866,9 +750,9 @@ mod tests {
         let mut changes = rx.clone();
         changes.mark_unchanged();
         // The next renewal's fast-path update and its fallback read both fail.
-        fake.state().fail_next = 2;
+        fake.fail_next(2);
         tokio::time::sleep(Duration::from_secs(12)).await;
-        assert_eq!(fake.state().fail_next, 0, "the failing renewal happened");
+        assert_eq!(fake.failures_left(), 0, "the failing renewal happened");
         assert!(rx.borrow().is_leading());
         assert!(
             !changes.has_changed().expect("elector alive"),
@@ -881,15 +765,15 @@ mod tests {
     /// API server answering again, not a jittered retry period (up to 11 s) later.
     #[tokio::test(start_paused = true)]
     async fn leadership_lost_to_a_cut_off_comes_back_soon_after_it() {
-        let fake = fake::Fake::default();
+        let fake = FakeApi::default();
         let mut c = Config::new("lease", "default", "me");
         c.release_on_cancel = true;
         let (mut rx, _handle, _token, _status) = spawn_on(&fake, c);
         rx.wait_for(Leadership::is_leading).await.expect("leads");
-        fake.state().fail = true;
+        fake.set_failing(true);
         rx.wait_for(|l| !l.is_leading()).await.expect("loses");
         tokio::time::sleep(Duration::from_secs(20)).await;
-        fake.state().fail = false;
+        fake.set_failing(false);
         let back = Instant::now();
         rx.wait_for(Leadership::is_leading)
             .await
@@ -901,7 +785,7 @@ mod tests {
         );
     }
 
-    fn fed_elector(fake: &fake::Fake) -> (LeaderElector, watch::Sender<Option<Lease>>) {
+    fn fed_elector(fake: &FakeApi) -> (LeaderElector, watch::Sender<Option<Lease>>) {
         let (feed, rx) = watch::channel(None);
         let elector = LeaderElector::new(
             Api::namespaced(fake.client(), "default"),
@@ -916,19 +800,19 @@ mod tests {
     /// not a jittered retry period later.
     #[tokio::test(start_paused = true)]
     async fn a_fed_candidate_takes_a_vacated_lease_at_once() {
-        let fake = fake::Fake::default();
-        fake.put(held_by("other", 0));
+        let fake = FakeApi::default();
+        fake.put(&held_by("other", 0));
         let (elector, feed) = fed_elector(&fake);
         let token = CancellationToken::new();
         let (mut rx, _handle) = elector.spawn(token.clone());
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!rx.borrow().is_leading());
         // The holder hands it over; the watch shows it.
-        let mut lease = fake.state().lease.clone().expect("lease");
+        let mut lease = stored_lease(&fake).expect("lease");
         lease.spec = Some(release_record(&record("other", 0), Timestamp::now()).to_spec());
-        fake.put(lease);
+        fake.put(&lease);
         let vacated = Instant::now();
-        feed.send_replace(fake.state().lease.clone());
+        feed.send_replace(stored_lease(&fake));
         rx.wait_for(Leadership::is_leading).await.expect("leads");
         assert!(
             vacated.elapsed() < Duration::from_millis(100),
@@ -942,20 +826,20 @@ mod tests {
     /// showed it (client-go's rule), not after a further retry period of polling.
     #[tokio::test(start_paused = true)]
     async fn a_fed_candidate_takes_over_when_the_lease_expires() {
-        let fake = fake::Fake::default();
-        fake.put(held_by("other", 0));
+        let fake = FakeApi::default();
+        fake.put(&held_by("other", 0));
         let (elector, feed) = fed_elector(&fake);
         let token = CancellationToken::new();
         let (mut rx, _handle) = elector.spawn(token.clone());
         // The holder renews three times, each renewal seen through the watch, then dies.
         for i in 0..3 {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            let mut lease = fake.state().lease.clone().expect("lease");
+            let mut lease = stored_lease(&fake).expect("lease");
             let mut r = stored_record(&fake);
             r.renew_time = Some(MicroTime(Timestamp::constant(1000 + i, 0)));
             lease.spec = Some(r.to_spec());
-            fake.put(lease);
-            feed.send_replace(fake.state().lease.clone());
+            fake.put(&lease);
+            feed.send_replace(stored_lease(&fake));
         }
         let died = Instant::now();
         rx.wait_for(Leadership::is_leading).await.expect("leads");
@@ -970,12 +854,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn stops_leading_at_once_when_another_candidate_holds_the_lease() {
-        let fake = fake::Fake::default();
+        let fake = FakeApi::default();
         let (mut rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
         rx.wait_for(Leadership::is_leading).await.expect("leads");
-        let mut lease = fake.state().lease.clone().expect("lease");
+        let mut lease = stored_lease(&fake).expect("lease");
         lease.spec = Some(record("intruder", 1).to_spec());
-        fake.put(lease);
+        fake.put(&lease);
         let start = Instant::now();
         rx.wait_for(|l| !l.is_leading()).await.expect("loses");
         assert!(start.elapsed() <= Duration::from_millis(1100));

@@ -137,6 +137,14 @@ impl Driver {
         })
     }
 
+    /// A slot whose driver has told its name already (for the tests of what holds slots).
+    #[cfg(test)]
+    pub(crate) fn named(settings: Settings, origin: Origin, name: &str) -> Arc<Self> {
+        let driver = Self::new(settings, origin);
+        driver.info.write().name = Some(name.to_owned());
+        driver
+    }
+
     /// Its settings.
     pub fn settings(&self) -> &Settings {
         &self.settings

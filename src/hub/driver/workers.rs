@@ -254,3 +254,110 @@ impl Driver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+
+    use super::*;
+    use crate::cli::Args;
+    use crate::config::Defaults;
+    use crate::controller::csi_handler::{self, CsiHandler};
+    use crate::controller::fixtures::{DRIVER, csi_spec, csinode, now, pv, va};
+    use crate::csi::{Capabilities, fake::FakeCsi};
+    use crate::fake_api::FakeApi;
+    use crate::hub::context::tests::context;
+    use crate::hub::driver::Origin;
+    use crate::k8s::stores::TestStores;
+
+    /// Waits (up to 10 s) until `done` holds.
+    async fn eventually(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} did not happen");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_workers_attach_an_added_va_once_and_detach_it_once_deleted() {
+        let api = FakeApi::default();
+        let mut caches = TestStores::new();
+        let hub = context(&api, caches.stores.clone());
+        let csi = FakeCsi::new(DRIVER);
+        let pv = api.put(&pv("pv1", csi_spec(&["ReadWriteOnce"])));
+        caches.apply_pv(&pv);
+        caches.apply_csinode(&csinode(&[(DRIVER, "id-1")]));
+        let mut added = va(Some("pv1"));
+        added.metadata.uid = Some("uid-1".into());
+        added.metadata.creation_timestamp = Some(now());
+        let added = api.put(&added);
+        caches.apply_va(&added);
+
+        let defaults = Defaults::with_identity(&Args::default(), "test-host".into());
+        let settings = defaults.settings_for("/fake/csi.sock".parse().expect("a path"));
+        let driver = Driver::named(settings, Origin::Configured, DRIVER);
+        let caps = Capabilities {
+            controller_service: true,
+            publish_unpublish: true,
+            ..Capabilities::default()
+        };
+        let handler = Arc::new(Handler::Csi(Box::new(CsiHandler::new(
+            DRIVER.into(),
+            csi.client().await,
+            caps,
+            api.writer(DRIVER),
+            caches.stores.clone(),
+            csi_handler::Config {
+                timeout: Duration::from_secs(5),
+                default_fstype: String::new(),
+                max_entries: 0,
+                save_error_code: true,
+            },
+        ))));
+        let workers = driver.clone().start_workers(&hub.shared, &handler);
+
+        // The initial sync and the add event both queue the VA: one publish.
+        driver.on_va(None, &added);
+        let attached = || {
+            api.get::<VolumeAttachment>(None, "va")
+                .and_then(|v| v.status)
+                .is_some_and(|s| s.attached)
+        };
+        eventually("the attach", attached).await;
+        let stored: VolumeAttachment = api.get(None, "va").expect("the VA");
+        caches.apply_va(&stored);
+        driver.on_va(Some(&added), &stored);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(csi.calls_of("ControllerPublishVolume").len(), 1);
+        let e2e = |h: &prometheus::HistogramVec| h.with_label_values(&[DRIVER]).get_sample_count();
+        assert_eq!(
+            e2e(&hub.shared.metrics.attach_e2e),
+            1,
+            "one attach observed"
+        );
+
+        // Deleted: the detach pool unpublishes and lets the VA go.
+        let mut deleting = stored.clone();
+        deleting.metadata.deletion_timestamp = Some(now());
+        let deleting = api.put(&deleting);
+        caches.apply_va(&deleting);
+        driver.on_va(Some(&stored), &deleting);
+        eventually("the detach", || {
+            api.get::<VolumeAttachment>(None, "va").is_none()
+        })
+        .await;
+        assert_eq!(csi.calls_of("ControllerUnpublishVolume").len(), 1);
+        assert_eq!(
+            e2e(&hub.shared.metrics.detach_e2e),
+            1,
+            "one detach observed"
+        );
+        driver.stop_workers(workers).await;
+        // Without workers, events are dropped.
+        driver.on_va(None, &added);
+        assert!(driver.queue_depths().iter().all(|(_, q)| q.is_empty()));
+    }
+}
