@@ -2,27 +2,43 @@
 //! many CSI drivers in one process.
 //!
 //! ```text
-//!                      one watch per kind                      per driver (hub::Registry)
-//!  kube-apiserver ──VA / PV / CSINode──▶ router ──route by──▶ ┌──────────────────────────────┐
-//!       ▲          (shared caches,      spec.attacher,        │ attach queue ─▶ attach pool  │
-//!       │           managedFields       PV finalizers         │ detach queue ─▶ detach pool  │──▶ CSI socket
-//!       │           stripped)                                 │ PV queue     ─▶ PV pool      │   (csi client)
-//!       │                                                     │ reconciler, Lease, budget    │
-//!       └──── PATCH VA / VA status / PV (k8s::Writer) ◀───────┴──────────────────────────────┘
+//!                  k8s::router: one watch per kind                hub::driver (one per socket, in hub::Registry)
+//!  kube-apiserver ──VA / PV / CSINode──▶ k8s::Stores ──hub::Dispatch──▶ ┌──────────────────────────────────────┐
+//!       ▲          (shared caches,      by spec.attacher,               │ attach queue ─▶ attach workers  ─┐   │
+//!       │           managedFields       by PV finalizers                │ detach queue ─▶ detach workers  ─┼─▶ controller ──▶ CSI socket
+//!       │           stripped)                                           │ PV queue     ─▶ PV workers      ─┘   │  handlers      (csi::DriverClient)
+//!       │                                                               │ reconciler, leader::LeaderElector,   │
+//!       │                                                               │ k8s::budget::ApiBudget               │
+//!       └──── PATCH VA / VA status / PV, GET Secret (k8s::Writer) ◀─────┴──────────────────────────────────────┘
 //! ```
 //!
-//! Data flow: [`router`] keeps one watch per kind and routes each change,
-//! after the shared cache holds it, to the driver named by `spec.attacher`
-//! (VAs) or by the finalizers a PV carries. Each [`driver::Driver`] connects
-//! to its socket ([`csi`]), probes it, learns its name and capabilities,
-//! registers in the [`hub::Registry`], wins its Lease ([`leader`], spread
-//! across replicas by [`balance`]) and runs its workers over client-go style
-//! queues ([`queue`]). Workers call the [`controller`] handlers, whose
-//! decisions are pure functions in [`controller::attachment`]. Sidecar mode is
-//! the hub with one driver; [`app`] turns the command line ([`cli`], and
-//! [`config`] for `drivers.yaml`) into a running [`hub`]. [`http`] serves
-//! metrics ([`metrics`]), health, readiness and `/drivers`.
-//! [`status`] is the `attacher-hub status` subcommand, a client of `/drivers`.
+//! Data flow: [`k8s::router`] keeps one watch per kind and, once the shared
+//! [`k8s::stores`] hold a change, routes it ([`hub::dispatch`]) to the driver
+//! named by `spec.attacher` (VAs) or by the finalizers a PV carries. Each
+//! [`hub::driver::Driver`] connects to its socket ([`csi`]), probes it, learns
+//! its name and capabilities, registers in the [`hub::registry`], wins its
+//! Lease ([`leader`], spread across replicas by [`leader::balance`]) and runs
+//! its workers over client-go style queues ([`queue`]). Workers call the
+//! [`controller`] handlers, whose decisions are pure functions (node IDs,
+//! volume sources, in-tree translation, capabilities, patches) and whose
+//! writes go through the driver's [`k8s::writer`] and API budget. Sidecar
+//! mode is the hub with one driver; [`app`] turns the command line ([`cli`],
+//! and [`config`] for `drivers.yaml`) into a running [`hub`], whose
+//! [`hub::supervisor`] follows the driver list. [`http`] serves [`metrics`],
+//! health, readiness and `/drivers`. [`status`] is the `attacher-hub status`
+//! subcommand, a client of `/drivers`. The project's mock CSI driver is the
+//! workspace member `crates/mock-csi-driver`, used by the tests only.
+//!
+//! Layers, each using only those below it (no module cycle):
+//!
+//! ```text
+//!  app ─▶ hub ─▶ hub::driver ─▶ controller ─▶ csi, k8s ─▶ metrics ─▶ names
+//!   │      └──▶ config ─▶ cli ─▶ leader ─▶ names, random, telemetry
+//!   └──▶ status (subcommand) ─▶ cli::values, k8s::client, telemetry
+//! ```
+//!
+//! `names`, `random` and `telemetry` are leaves; `queue` and `http` use no
+//! other module of the crate.
 
 pub mod app;
 pub mod cli;

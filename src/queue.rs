@@ -162,7 +162,7 @@ impl Queue {
         self.adds.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// [`Queue::get`], also telling how long the key waited since it became
+    /// The next key (see [`Queue::claim`]), also telling how long the key waited since it became
     /// ready (`workqueue_queue_duration_seconds`).
     pub async fn get_timed(&self) -> (String, Duration) {
         loop {

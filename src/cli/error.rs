@@ -2,9 +2,8 @@
 //! ([`Parsed::Exit`]), or refuse ([`Error`], which carries the exit code).
 
 use super::args::Args;
-use super::validate::timing_comparison;
 use super::values::GoDuration;
-use crate::leader::timing::{TimingError, TimingField};
+use crate::leader::timing::{self, TimingError, TimingField};
 
 /// The outcome of a successful parse.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,5 +119,33 @@ fn leader_election_text(e: &TimingError) -> String {
             GoDuration(*d)
         ),
         comparison => timing_comparison(comparison, FLAGS),
+    }
+}
+
+/// The message of a refused timing, naming the lease duration, renew deadline and retry period
+/// as the caller does (`names`): the flags, or the fields of `drivers.yaml`. Zero durations and
+/// the one-second minimum, which the callers word differently, are described by the error
+/// itself.
+pub(crate) fn timing_comparison(e: &TimingError, names: [&str; 3]) -> String {
+    let [lease, renew, retry] = names;
+    match *e {
+        TimingError::LeaseNotLongerThanRenewDeadline {
+            lease_duration,
+            renew_deadline,
+        } => format!(
+            "{lease} ({}) must be greater than {renew} ({})",
+            GoDuration(lease_duration),
+            GoDuration(renew_deadline)
+        ),
+        TimingError::RenewDeadlineNotLongerThanRetry {
+            renew_deadline,
+            retry_period,
+        } => format!(
+            "{renew} ({}) must be greater than {} × {retry} ({})",
+            GoDuration(renew_deadline),
+            timing::JITTER_FACTOR,
+            GoDuration(retry_period)
+        ),
+        other => other.to_string(),
     }
 }

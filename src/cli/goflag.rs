@@ -19,7 +19,7 @@
 //! flag parser anyway. So this module is a small hand-written parser over one declarative table,
 //! `FLAGS`, which holds each flag's name, kind, default as shown in the usage text, help text and
 //! setter; the rest of rule 11 holds: the result is validated into a typed [`Args`] (durations as
-//! [`Duration`]) before anything starts, and failures are a typed [`Error`] carrying the exit code.
+//! [`Duration`](std::time::Duration)) before anything starts, and failures are a typed [`Error`] carrying the exit code.
 //!
 //! Deliberate differences from the Go binary, each documented at its flag: the classic klog flags
 //! removed in v4.6 (`--logtostderr`, …) are accepted as no-ops with a warning instead of being

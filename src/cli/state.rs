@@ -1,5 +1,5 @@
-//! One flag of the table ([`Flag`]: name, kind, default, help, setter) and what the setters
-//! record while the command line is parsed ([`State`]).
+//! One flag of the table (`Flag`: name, kind, default, help, setter) and what the setters
+//! record while the command line is parsed (`State`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -9,7 +9,7 @@ use super::args::{Args, FeatureGates, LeaderElection};
 use super::error::{Error, Parsed};
 use super::state::State;
 use super::values::GoDuration;
-use crate::leader::timing::{self, TimingError};
+use crate::leader::timing;
 use crate::telemetry;
 
 // === bounds ===
@@ -138,34 +138,6 @@ pub(super) fn validate_api_limits(args: &Args) -> Result<(), Error> {
 pub(super) fn validate_leader_election(le: &LeaderElection) -> Result<(), Error> {
     timing::check(le.lease_duration, le.renew_deadline, le.retry_period)
         .map_err(Error::LeaderElection)
-}
-
-/// The message of a refused timing, naming the lease duration, renew deadline and retry period
-/// as the caller does (`names`): the flags, or the fields of `drivers.yaml`. Zero durations and
-/// the one-second minimum, which the callers word differently, are described by the error
-/// itself.
-pub(crate) fn timing_comparison(e: &TimingError, names: [&str; 3]) -> String {
-    let [lease, renew, retry] = names;
-    match *e {
-        TimingError::LeaseNotLongerThanRenewDeadline {
-            lease_duration,
-            renew_deadline,
-        } => format!(
-            "{lease} ({}) must be greater than {renew} ({})",
-            GoDuration(lease_duration),
-            GoDuration(renew_deadline)
-        ),
-        TimingError::RenewDeadlineNotLongerThanRetry {
-            renew_deadline,
-            retry_period,
-        } => format!(
-            "{renew} ({}) must be greater than {} × {retry} ({})",
-            GoDuration(renew_deadline),
-            timing::JITTER_FACTOR,
-            GoDuration(retry_period)
-        ),
-        other => other.to_string(),
-    }
 }
 
 /// Applies `--feature-gates` entries to the attacher's gates.

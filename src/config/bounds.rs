@@ -13,7 +13,7 @@ pub const MAX_FILE_BYTES: usize = 4 << 20;
 pub const MAX_DRIVERS: usize = 1_000;
 
 /// Most workers of all the file's drivers together (attach, detach and PersistentVolume pools).
-/// [`cli::MAX_WORKERS`] bounds one pool; this bounds their sum, so that a thousand drivers with
+/// [`crate::cli::MAX_WORKERS`] bounds one pool; this bounds their sum, so that a thousand drivers with
 /// large pools cannot start millions of tasks: a hundred drivers with the default ten workers
 /// run 3,000.
 pub const MAX_HUB_WORKERS: u64 = 100_000;

@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use crate::cli::{DurationError, GoDuration, validate::timing_comparison};
+use crate::cli::{DurationError, GoDuration, error::timing_comparison};
 use crate::csi::Address;
 use crate::leader::timing::TimingError;
 
@@ -45,10 +45,10 @@ pub enum Problem {
     /// Not YAML, or not the expected shape (the parser's own words).
     #[error("{0}")]
     Syntax(String),
-    /// Longer than [`MAX_FILE_BYTES`]; the position is where the limit was passed.
+    /// Longer than [`MAX_FILE_BYTES`](super::MAX_FILE_BYTES); the position is where the limit was passed.
     #[error("the file is longer than {max} bytes, the most a driver list may have")]
     TooLong {
-        /// [`MAX_FILE_BYTES`].
+        /// [`MAX_FILE_BYTES`](super::MAX_FILE_BYTES).
         max: usize,
     },
     /// Not UTF-8; the position is that of the first invalid byte.
@@ -57,20 +57,20 @@ pub enum Problem {
         /// The first invalid byte.
         byte: u8,
     },
-    /// More entries than [`MAX_DRIVERS`]; the position is the first one too many.
+    /// More entries than [`MAX_DRIVERS`](super::MAX_DRIVERS); the position is the first one too many.
     #[error("more than {max} drivers")]
     TooManyDrivers {
-        /// [`MAX_DRIVERS`].
+        /// [`MAX_DRIVERS`](super::MAX_DRIVERS).
         max: usize,
     },
-    /// The drivers up to this one run more workers than [`MAX_HUB_WORKERS`].
+    /// The drivers up to this one run more workers than [`MAX_HUB_WORKERS`](super::MAX_HUB_WORKERS).
     #[error(
         "the drivers up to this one run {total} workers in all (attach, detach and PersistentVolume pools), more than {max}"
     )]
     TooManyWorkers {
         /// Workers of the drivers up to and including this one.
         total: u64,
-        /// [`MAX_HUB_WORKERS`].
+        /// [`MAX_HUB_WORKERS`](super::MAX_HUB_WORKERS).
         max: u64,
     },
     /// No `drivers`, or an empty list, without discovery.
@@ -101,7 +101,7 @@ pub enum Problem {
         "must not be {0}: write the requests per second (the client-go default is 5), or a negative number for no limit"
     )]
     ZeroQps(String),
-    /// A number above the bound of the setting (see the `MAX_*` constants of [`cli`]).
+    /// A number above the bound of the setting (see the `MAX_*` constants of [`crate::cli`]).
     #[error("must be at most {max}, not {value}")]
     TooLarge {
         /// The value (durations as written, numbers as read).
@@ -109,7 +109,7 @@ pub enum Problem {
         /// The bound.
         max: String,
     },
-    /// A lease duration under [`cli::MIN_LEASE_DURATION`].
+    /// A lease duration under [`crate::cli::MIN_LEASE_DURATION`].
     #[error("must be at least 1s, not {0}: a Lease holds whole seconds")]
     LeaseTooShort(String),
     /// `retryIntervalMax` below `retryIntervalStart` (after defaults are applied).
@@ -174,7 +174,7 @@ fn duration_reason(reason: &DurationError) -> String {
     }
 }
 
-/// A problem at a field path, before it is placed in the text ([`File::validate`]'s error).
+/// A problem at a field path, before it is placed in the text ([`File::validate`](super::File::validate)'s error).
 #[derive(Debug, PartialEq)]
 pub struct Invalid {
     /// The field path, e.g. `drivers[1].timeout`; the location of the nearest written

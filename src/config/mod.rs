@@ -1,5 +1,5 @@
 //! Hub mode's driver list (`--config drivers.yaml`): plain `serde` types for the file, checked
-//! into one [`crate::hub::driver::Settings`] per driver, with the command-line flags as defaults.
+//! into one [`Settings`] per driver, with the command-line flags as defaults.
 //!
 //! Every error names the file, the line and column, and the field, e.g.
 //! `drivers.yaml:7:5: drivers[1].timeout: invalid duration "15": missing unit`.
@@ -10,11 +10,11 @@
 //! ([`MAX_FILE_BYTES`]), its encoding (UTF-8; the first invalid byte is named with its line and
 //! column), the YAML structure (nesting, nodes, anchors and alias expansion: the `yaml` module's
 //! budget), the number of drivers ([`MAX_DRIVERS`]) and of workers ([`MAX_HUB_WORKERS`]), and
-//! every number (the same bounds as the flags': [`cli::MAX_WORKERS`], [`cli::MAX_DURATION`],
-//! [`cli::MAX_API_QPS`], [`cli::MAX_API_BURST`], [`cli::MAX_LIST_ENTRIES`]).
+//! every number (the same bounds as the flags': [`cli::MAX_WORKERS`](crate::cli::MAX_WORKERS), [`cli::MAX_DURATION`](crate::cli::MAX_DURATION),
+//! [`cli::MAX_API_QPS`](crate::cli::MAX_API_QPS), [`cli::MAX_API_BURST`](crate::cli::MAX_API_BURST), [`cli::MAX_LIST_ENTRIES`](crate::cli::MAX_LIST_ENTRIES)).
 //!
-//! The parts: [`file`] (the serde types), [`validate`] (checks and defaults), [`defaults`] (the
-//! flags' settings), [`settings`] (what a validated entry is), [`error`] and [`yaml`] (positions).
+//! The parts: [`file`](mod@file) (the serde types), [`validate`] (checks and defaults), [`defaults`] (the
+//! flags' settings), [`settings`] (what a validated entry is), [`error`] and `yaml` (positions).
 
 pub mod bounds;
 pub mod defaults;

@@ -17,7 +17,7 @@ use crate::leader::timing::{self, TimingError};
 impl File {
     /// Checks every entry and applies `defaults` to what it leaves out. `discovery`: drivers
     /// also come from `--driver-sockets`, so an empty list is fine. Pure: the places of the
-    /// problems are filled in by [`parse`].
+    /// problems are filled in by [`parse`](super::parse).
     pub fn validate(&self, defaults: &Defaults, discovery: bool) -> Result<Config, Invalid> {
         if self.drivers.is_empty() && !discovery {
             return Err(invalid("drivers", Problem::NoDrivers));

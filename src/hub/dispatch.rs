@@ -1,4 +1,4 @@
-//! [`Dispatch`]: routes watch events to drivers: a VA to the driver named by `spec.attacher`, a
+//! `Dispatch`: routes watch events to drivers: a VA to the driver named by `spec.attacher`, a
 //! PV to every driver holding a finalizer on it (also when another driver's VA naming it is
 //! deleted).
 

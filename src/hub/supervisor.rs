@@ -1,6 +1,6 @@
-//! [`Supervisor`]: starts, stops and restarts drivers as the driver list changes (the file
+//! The supervisor: starts, stops and restarts drivers as the driver list changes (the file
 //! re-read on SIGHUP or when its content changes, discovered sockets); drivers whose settings
-//! did not change are left alone. Each driver runs [`supervised`]: a panic in it is logged,
+//! did not change are left alone. Each driver runs `supervised`: a panic in it is logged,
 //! counted, and the driver started again.
 
 use std::{

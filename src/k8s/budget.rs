@@ -13,7 +13,7 @@
 //!
 //! Hand-written because the two crates that offer token buckets (`governor`, `leaky-bucket`)
 //! have no notion of fairness between callers, and client-go's limiter is a reservation-based
-//! token bucket (`golang.org/x/time/rate`) whose FIFO pacing we reproduce in [`Bucket`].
+//! token bucket (`golang.org/x/time/rate`) whose FIFO pacing we reproduce in `Bucket`.
 
 use std::{
     collections::{HashMap, VecDeque},

@@ -33,14 +33,14 @@ const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(90);
 const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The server-side timeout asked for each watch request (`timeoutSeconds`); below
-/// [`READ_TIMEOUT`].
+/// `READ_TIMEOUT`.
 pub const WATCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A Kubernetes client like kube's default one (base URI, authentication, impersonation
 /// headers, rustls, HTTP/1.1), whose connections are checked for life: TCP keepalive and a TCP
 /// user timeout on every socket, connect, read and write timeouts. Callers bound each request
 /// as a whole ([`REQUEST_TIMEOUT`](super::writer::REQUEST_TIMEOUT), the leader's renew deadline); watches are bounded by
-/// [`WATCH_TIMEOUT`] and [`READ_TIMEOUT`].
+/// [`WATCH_TIMEOUT`] and `READ_TIMEOUT`.
 pub fn client(config: &kube::Config) -> kube::Result<kube::Client> {
     use kube::client::ConfigExt;
     use tower::ServiceBuilder;

@@ -1,7 +1,7 @@
 //! The Kubernetes side: the API client, the shared watches and caches, the writes a driver
 //! makes and the budgets they are spent from, and error texts shaped like client-go's.
 //!
-//! * [`client`] — the client, with keepalive and timeouts;
+//! * [`client`](mod@client) — the client, with keepalive and timeouts;
 //! * [`router`] — one watch per kind feeding the [`stores`], routing each change;
 //! * [`writer`] — a driver's PATCHes and Secret reads;
 //! * [`budget`] — client-side request budgets (per driver, and the optional hub cap).

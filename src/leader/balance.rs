@@ -1,7 +1,7 @@
 //! Spreading driver leadership across hub replicas.
 //!
 //! Each replica keeps a presence Lease `attacher-hub-replica-<identity>`
-//! (label [`REPLICA_LABEL`](crate::names::REPLICA_LABEL)) renewed every retry period. From the live
+//! (label [`crate::names::REPLICA_LABEL`]) renewed every retry period. From the live
 //! presence Leases a replica knows how many replicas share the work and so
 //! its fair share, `ceil(drivers / replicas)`. A replica at or above its share
 //! does not try to acquire more driver Leases; a replica above it hands the

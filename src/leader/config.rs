@@ -27,7 +27,7 @@ pub enum ConfigError {
     /// The identity is empty.
     #[error("the leader-election identity must not be empty")]
     EmptyIdentity,
-    /// The timing is refused (see [`timing::check`](super::timing::check)).
+    /// The timing is refused (see [`super::timing::check`]).
     #[error(transparent)]
     Timing(#[from] TimingError),
 }
@@ -37,9 +37,9 @@ pub enum ConfigError {
 pub struct Config {
     /// Lease name, e.g. [`lease_name`](crate::names::lease_name)`(driver)`.
     pub name: String,
-    /// Lease namespace, e.g. from [`resolve_namespace`].
+    /// Lease namespace, e.g. from [`resolve_namespace`](super::resolve_namespace).
     pub namespace: String,
-    /// Our `holderIdentity`; must differ between candidates (see [`default_identity`]).
+    /// Our `holderIdentity`; must differ between candidates (see [`default_identity`](super::default_identity)).
     pub identity: String,
     /// How long a non-leader waits after the last change of the Lease before taking it over.
     pub lease_duration: Duration,

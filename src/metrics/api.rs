@@ -1,5 +1,5 @@
 //! What a driver's API budget reports: how long each request waited, and which limit held it
-//! (the [`Observer`] the budget calls; [`ApiObserver`] records it in the driver's series).
+//! (the [`Observer`] the budget calls; `ApiObserver` records it in the driver's series).
 
 use std::time::Duration;
 

@@ -34,7 +34,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{fault::Fault, record::CallRecord, shared::Shared, state::Snapshot};
+use crate::{fault::Fault, record::CallRecord, shared::Shared, snapshot::Snapshot};
 
 /// Longest request line the control socket accepts, in bytes. Requests are
 /// tiny; the bound keeps a confused peer from growing memory without end.

@@ -30,6 +30,7 @@ pub mod record;
 mod server;
 mod service;
 mod shared;
+pub mod snapshot;
 pub mod state;
 
 use std::{
@@ -44,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::{Capabilities, Config, ExitMode};
 pub use error::Error;
 pub use record::CallRecord;
-pub use state::Snapshot;
+pub use snapshot::Snapshot;
 
 use shared::{Command, Shared};
 

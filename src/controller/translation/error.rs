@@ -1,7 +1,7 @@
 //! Why csi-translation-lib refuses to translate an in-tree PV.
 
 /// Why csi-translation-lib refuses to translate an in-tree PV. The `Display` texts are the
-/// library's; [`Error::Translation`] adds external-attacher's prefix.
+/// library's; [`Error::Translation`](crate::controller::error::Error::Translation) adds external-attacher's prefix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TranslationError {
     /// An AWS EBS `volumeID` starting with `aws://` that is not a URL whose path is one
