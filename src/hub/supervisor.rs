@@ -277,6 +277,14 @@ mod tests {
         defaults.settings_for(path.to_str().expect("UTF-8 path").parse().expect("a path"))
     }
 
+    /// A supervisor of a fixed list, its sockets in a fresh directory, its caches.
+    fn fixed() -> (tempfile::TempDir, TestStores, Supervisor) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let caches = TestStores::new();
+        let hub = context(&FakeApi::default(), caches.stores.clone());
+        (dir, caches, Supervisor::new(hub, Source::Fixed))
+    }
+
     /// The running drivers, by socket file name.
     fn slots(sup: &Supervisor) -> HashMap<String, Arc<Driver>> {
         sup.hub
@@ -292,12 +300,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_driver_list_restarts_what_changed_starts_what_is_new_and_stops_what_is_gone() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let caches = TestStores::new();
-        let mut sup = Supervisor::new(
-            context(&FakeApi::default(), caches.stores.clone()),
-            Source::Fixed,
-        );
+        let (dir, _caches, mut sup) = fixed();
         let (a, b, c) = (
             settings(dir.path(), "a.sock"),
             settings(dir.path(), "b.sock"),
@@ -347,12 +350,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_configured_socket_wins_over_the_same_socket_discovered() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let caches = TestStores::new();
-        let mut sup = Supervisor::new(
-            context(&FakeApi::default(), caches.stores.clone()),
-            Source::Fixed,
-        );
+        let (dir, _caches, mut sup) = fixed();
         let (a, d) = (
             settings(dir.path(), "a.sock"),
             settings(dir.path(), "d.sock"),
