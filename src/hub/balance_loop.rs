@@ -133,7 +133,7 @@ fn apply_lease_event(
         |l: &k8s_openapi::api::coordination::v1::Lease| l.metadata.name.clone().unwrap_or_default();
     let feed = |name: &str, lease: Option<&k8s_openapi::api::coordination::v1::Lease>| {
         if let Some(tx) = shared.lease_feeds.get(name) {
-            tx.send_replace(lease.cloned());
+            tx.send_replace(Some(crate::leader::Seen::now(lease.cloned())));
         }
     };
     match event {

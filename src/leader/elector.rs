@@ -99,7 +99,29 @@ pub struct LeaderElector {
     /// knows of every renewal the moment it is written, so it judges expiry from the holder's
     /// real last renewal instead of from its own last poll (which lags by up to a jittered retry
     /// period), tries at the instant the Lease expires, and at once when it is vacated.
-    feed: Option<watch::Receiver<Option<Lease>>>,
+    feed: Option<watch::Receiver<Option<Seen>>>,
+}
+
+/// A copy of the Lease as a watch delivered it, and when. The sender outlives elections: a
+/// new elector (a new term, after a hand-over) starts from the last copy and the instant it was
+/// seen, so a dead holder's Lease expires for it on time instead of a lease duration after the
+/// elector's own first read.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// The Lease (`None`: deleted).
+    pub lease: Option<Lease>,
+    /// When the watch delivered it.
+    pub at: Instant,
+}
+
+impl Seen {
+    /// `lease` seen now.
+    pub fn now(lease: Option<Lease>) -> Self {
+        Seen {
+            lease,
+            at: Instant::now(),
+        }
+    }
 }
 
 /// A predicate that allows or skips acquisition attempts.
@@ -131,8 +153,13 @@ impl LeaderElector {
         })
     }
 
-    /// Observe the Lease through `feed` (copies from a watch) while waiting to acquire it.
-    pub fn with_feed(mut self, feed: watch::Receiver<Option<Lease>>) -> Self {
+    /// Observe the Lease through `feed` (copies from a watch) while waiting to acquire it,
+    /// starting from the copy it holds now, as observed when the watch delivered it.
+    pub fn with_feed(mut self, mut feed: watch::Receiver<Option<Seen>>) -> Self {
+        let current = feed.borrow_and_update().clone();
+        if let Some(seen) = current {
+            self.absorb(seen);
+        }
         self.feed = Some(feed);
         self
     }
@@ -140,9 +167,9 @@ impl LeaderElector {
     /// Takes in a copy of the Lease from the feed; returns when the next attempt is due: now
     /// if the Lease is gone or vacant, at its expiry if someone else holds it, else `None`
     /// (keep the current pause).
-    fn absorb(&mut self, lease: Option<Lease>) -> Option<Instant> {
+    fn absorb(&mut self, seen: Seen) -> Option<Instant> {
         let now = Instant::now();
-        let Some(lease) = lease else {
+        let Some(lease) = seen.lease else {
             return Some(now);
         };
         if lease.metadata.name.as_deref() != Some(self.config.name.as_str()) {
@@ -151,7 +178,7 @@ impl LeaderElector {
         let record = Record::from_spec(lease.spec.as_ref());
         let vacant = record.holder.is_empty();
         self.lease = Some(lease);
-        observe(&mut self.observed, record, now);
+        observe(&mut self.observed, record, seen.at.min(now));
         self.report_holder();
         if vacant {
             return Some(now);
@@ -288,7 +315,7 @@ impl LeaderElector {
                     () = shutdown.cancelled() => return false,
                     () = tokio::time::sleep_until(due) => break,
                     lease = feed => {
-                        if let Some(at) = lease.and_then(|l| self.absorb(l)) {
+                        if let Some(at) = lease.flatten().and_then(|seen| self.absorb(seen)) {
                             due = due.min(at);
                         }
                     }
@@ -785,15 +812,18 @@ mod tests {
         );
     }
 
-    fn fed_elector(fake: &FakeApi) -> (LeaderElector, watch::Sender<Option<Lease>>) {
+    fn fed_elector(fake: &FakeApi) -> (LeaderElector, watch::Sender<Option<Seen>>) {
         let (feed, rx) = watch::channel(None);
-        let elector = LeaderElector::new(
+        (elector_on(fake, rx), feed)
+    }
+
+    fn elector_on(fake: &FakeApi, feed: watch::Receiver<Option<Seen>>) -> LeaderElector {
+        LeaderElector::new(
             Api::namespaced(fake.client(), "default"),
             Config::new("lease", "default", "me"),
         )
         .expect("valid")
-        .with_feed(rx);
-        (elector, feed)
+        .with_feed(feed)
     }
 
     /// A Lease handed over (vacated by its holder) is taken as soon as the watch shows it,
@@ -812,7 +842,7 @@ mod tests {
         lease.spec = Some(release_record(&record("other", 0), Timestamp::now()).to_spec());
         fake.put(&lease);
         let vacated = Instant::now();
-        feed.send_replace(stored_lease(&fake));
+        feed.send_replace(Some(Seen::now(stored_lease(&fake))));
         rx.wait_for(Leadership::is_leading).await.expect("leads");
         assert!(
             vacated.elapsed() < Duration::from_millis(100),
@@ -839,7 +869,7 @@ mod tests {
             r.renew_time = Some(MicroTime(Timestamp::constant(1000 + i, 0)));
             lease.spec = Some(r.to_spec());
             fake.put(&lease);
-            feed.send_replace(stored_lease(&fake));
+            feed.send_replace(Some(Seen::now(stored_lease(&fake))));
         }
         let died = Instant::now();
         rx.wait_for(Leadership::is_leading).await.expect("leads");
@@ -848,6 +878,30 @@ mod tests {
             took >= DEFAULT_LEASE_DURATION
                 && took <= DEFAULT_LEASE_DURATION + Duration::from_millis(200),
             "took over {took:?} after the last renewal"
+        );
+        token.cancel();
+    }
+
+    /// An elector of a later term (after a hand-over) starts from what the watch showed
+    /// earlier: a holder that died before the term began is replaced one lease duration after
+    /// its last renewal was seen, not one lease duration after the new elector's first read.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_term_judges_expiry_from_the_copy_seen_before_it() {
+        let fake = FakeApi::default();
+        fake.put(&held_by("other", 0));
+        let (feed, _) = watch::channel(None);
+        feed.send_replace(Some(Seen::now(stored_lease(&fake))));
+        let last_renewal_seen = Instant::now();
+        // The holder dies; our previous term ends and the next one starts 8 s later.
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let token = CancellationToken::new();
+        let (mut rx, _handle) = elector_on(&fake, feed.subscribe()).spawn(token.clone());
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let took = last_renewal_seen.elapsed();
+        assert!(
+            took >= DEFAULT_LEASE_DURATION
+                && took <= DEFAULT_LEASE_DURATION + Duration::from_millis(200),
+            "took over {took:?} after the last renewal was seen"
         );
         token.cancel();
     }

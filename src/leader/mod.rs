@@ -48,7 +48,7 @@ pub mod timing;
 pub use config::{
     Config, ConfigError, DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD,
 };
-pub use elector::{AcquireGate, LeaderElector, Leadership};
+pub use elector::{AcquireGate, LeaderElector, Leadership, Seen};
 pub use error::{Error, Result};
 pub use identity::{default_identity, resolve_namespace};
 pub use status::{HEALTH_TOLERANCE, HealthError, Status};

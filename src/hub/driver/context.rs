@@ -47,11 +47,9 @@ pub struct Shared {
     pub balance: Arc<Balance>,
     /// Cap of logged CSI responses (`--max-grpc-log-length`).
     pub max_grpc_log_length: i64,
-    /// Copies of each driver Lease from the Lease watch of `balance_leases`, for its elector.
-    pub lease_feeds: DashMap<
-        String,
-        tokio::sync::watch::Sender<Option<k8s_openapi::api::coordination::v1::Lease>>,
-    >,
+    /// Copies of each driver Lease from the Lease watch of `balance_leases`, for its electors.
+    /// An entry lives as long as its driver's connection, across election terms.
+    pub lease_feeds: DashMap<String, tokio::sync::watch::Sender<Option<crate::leader::Seen>>>,
 }
 
 impl std::fmt::Debug for Shared {

@@ -40,6 +40,9 @@ impl Driver {
             let outcome = self.clone().run_once(&shared, &stop).await;
             if let Some(name) = self.name() {
                 shared.names.unregister(&name, &self);
+                // The Lease feed served every term of this connection; a new connection (maybe
+                // to a driver of another name) starts a new one.
+                shared.lease_feeds.remove(&crate::names::lease_name(&name));
             }
             match outcome {
                 Outcome::Stopped => {

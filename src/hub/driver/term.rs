@@ -147,7 +147,6 @@ impl Driver {
             }
         }
         shared.leader_status.remove(name);
-        shared.lease_feeds.remove(&crate::names::lease_name(name));
         shared.metrics.set_leader(name, false);
         if matches!(term, Term::HandedOver) {
             self.info.write().lease_holder = None;
