@@ -181,8 +181,9 @@ async fn one_failed_renewal_does_not_end_leadership() {
     .await;
 }
 
-/// A replica that died a moment ago still has a live presence Lease; the
-/// survivor must not leave a free driver Lease untaken because of it.
+/// A replica of the same group that died a moment ago still has a live presence Lease (as
+/// long-lived as a hub with these timings writes it: lease duration minus retry period); the
+/// survivor must not leave a free driver Lease untaken for longer than that presence lives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replicas_presence_does_not_hold_back_fail_over() {
     known::gate(
@@ -194,25 +195,40 @@ async fn a_dead_replicas_presence_does_not_hold_back_fail_over() {
                 Mock::in_process(&unique_driver_name("ghost-b"), 10).await,
             ];
             let world = World::new(cluster, "ghost", mocks).await;
-            // The presence Lease of a replica that just died (30 s left to live).
+            // The presence Lease of a replica of the same group (the same sockets) that just
+            // died, renewed a moment ago with the duration a hub with these timings gives it.
             let api: Api<Lease> = Api::namespaced(world.client.clone(), &world.namespace);
+            let group = attacher_hub::leader::balance::group_key(
+                world
+                    .mocks
+                    .iter()
+                    .map(|m| m.socket.to_str().expect("UTF-8 socket path")),
+            );
+            let timings = Timings::FAST;
+            let presence_secs = (timings.lease - timings.retry).as_secs();
             api.create(
                 &PostParams::default(),
                 &Lease {
                     metadata: ObjectMeta {
                         name: Some(attacher_hub::names::replica_lease_name("ghost")),
                         labels: Some(
-                            [(
-                                attacher_hub::names::REPLICA_LABEL.to_string(),
-                                "true".to_string(),
-                            )]
+                            [
+                                (
+                                    attacher_hub::names::REPLICA_LABEL.to_string(),
+                                    "true".to_string(),
+                                ),
+                                (
+                                    attacher_hub::names::REPLICA_GROUP_LABEL.to_string(),
+                                    group.clone(),
+                                ),
+                            ]
                             .into(),
                         ),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
                         holder_identity: Some("ghost".to_string()),
-                        lease_duration_seconds: Some(30),
+                        lease_duration_seconds: Some(i32::try_from(presence_secs).expect("small")),
                         renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
                         ..LeaseSpec::default()
                     }),
@@ -221,7 +237,7 @@ async fn a_dead_replicas_presence_does_not_hold_back_fail_over() {
             .await
             .expect("create the ghost's presence Lease");
             let mut hub = FHub::start(
-                spec(&world, &cluster.kubeconfig, "survivor", Some(Timings::FAST))
+                spec(&world, &cluster.kubeconfig, "survivor", Some(timings))
                     .hostname(&unique_name("survivor")),
             )
             .await;
@@ -237,6 +253,28 @@ async fn a_dead_replicas_presence_does_not_hold_back_fail_over() {
                 r.is_ok(),
                 "free driver Leases left untaken while a dead replica's presence lingers: {}",
                 r.unwrap_err()
+            );
+            // The ghost was of the survivor's group, so it did count while it lived.
+            let survivor_groups: Vec<String> = api
+                .list(&kube::api::ListParams::default().labels(attacher_hub::names::REPLICA_LABEL))
+                .await
+                .expect("list presence Leases")
+                .items
+                .into_iter()
+                .filter(|l| {
+                    l.metadata.name.as_deref()
+                        != Some(attacher_hub::names::replica_lease_name("ghost").as_str())
+                })
+                .filter_map(|l| {
+                    l.metadata
+                        .labels?
+                        .remove(attacher_hub::names::REPLICA_GROUP_LABEL)
+                })
+                .collect();
+            assert_eq!(
+                survivor_groups,
+                vec![group],
+                "the survivor's presence and the ghost's group"
             );
         },
     )
