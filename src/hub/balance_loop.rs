@@ -69,9 +69,15 @@ pub(crate) async fn balance_leases(
         () = hub.first_reconcile.cancelled() => {}
     }
     let mut tick = tokio::time::interval(config.retry_period);
+    // A reload that adds or removes drivers changes the share at once, not a period later.
+    let mut slots_changed = hub.registry.slots_changed();
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
+            Ok(()) = slots_changed.changed() => {
+                tick.reset_immediately();
+                continue;
+            }
             event = events.next() => {
                 match event {
                     Some(Ok(event)) => apply_lease_event(&hub.shared, &mut leases, &mut listing, event),

@@ -21,6 +21,8 @@ pub struct Registry {
     slots: RwLock<Vec<Arc<Driver>>>,
     /// Names of removed slots whose metric series are still to be removed.
     retired: Mutex<Vec<String>>,
+    /// Bumped when a slot is added or removed.
+    slots_changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Registry {
@@ -81,11 +83,18 @@ impl Registry {
     /// Adds a configured slot.
     pub fn add_slot(&self, driver: Arc<Driver>) {
         self.slots.write().push(driver);
+        self.slots_changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes whenever a slot is added or removed (the value itself means nothing).
+    pub fn slots_changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.slots_changed.subscribe()
     }
 
     /// Removes a slot (its driver has stopped); its name, if it had one, is retired.
     pub fn remove_slot(&self, driver: &Arc<Driver>) {
         self.slots.write().retain(|d| !Arc::ptr_eq(d, driver));
+        self.slots_changed.send_modify(|n| *n = n.wrapping_add(1));
         if let Some(name) = driver.name() {
             self.retired.lock().push(name);
         }

@@ -36,6 +36,9 @@ pub struct Balance {
     leading: AtomicUsize,
     /// What the share is computed from, at the moment it is asked for.
     shares: Mutex<Shares>,
+    /// Bumped when this replica may acquire a driver Lease where it could not before, so
+    /// that gated electors try at once.
+    opened: tokio::sync::watch::Sender<u64>,
 }
 
 /// The inputs of the fair share.
@@ -60,9 +63,25 @@ impl Balance {
         if gained {
             self.leading.fetch_add(1, Ordering::AcqRel);
         } else {
-            let _ = self
-                .leading
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            self.opening(|| {
+                let _ = self
+                    .leading
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            });
+        }
+    }
+
+    /// Changes of [`Balance::may_acquire`] from no to yes (the value itself means nothing).
+    pub fn opened(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.opened.subscribe()
+    }
+
+    /// Runs `change` and signals [`Balance::opened`] if it let this replica acquire.
+    fn opening(&self, change: impl FnOnce()) {
+        let before = self.may_acquire();
+        change();
+        if !before && self.may_acquire() {
+            self.opened.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
@@ -91,11 +110,13 @@ impl Balance {
 
     /// The group's drivers and the expiry of each other live replica's presence.
     fn set(&self, drivers: usize, others: Vec<Instant>) {
-        *self.shares.lock() = Shares {
-            counted: true,
-            drivers,
-            others,
-        };
+        self.opening(|| {
+            *self.shares.lock() = Shares {
+                counted: true,
+                drivers,
+                others,
+            };
+        });
     }
 }
 
@@ -301,6 +322,38 @@ mod tests {
         assert_eq!(fair_share(1, 3), 1);
         assert_eq!(fair_share(0, 3), 0);
         assert_eq!(fair_share(5, 0), 5);
+    }
+
+    /// Gated electors are told when the share grows or a Lease is given up while at the share,
+    /// and not on rounds that change nothing for them.
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_opens_when_room_appears_and_only_then() {
+        let b = Balance::default();
+        let mut opened = b.opened();
+        let later = Instant::now() + Duration::from_secs(60);
+        b.set(2, vec![later]);
+        b.set_leading(true);
+        assert!(!b.may_acquire());
+        assert!(
+            !opened.has_changed().expect("open"),
+            "room existed all along"
+        );
+        b.set(2, vec![later]);
+        assert!(
+            !opened.has_changed().expect("open"),
+            "a round that changes nothing"
+        );
+        // A driver is added by a reload: the share grows from 1 to 2.
+        b.set(4, vec![later]);
+        assert!(opened.has_changed().expect("open"));
+        opened.mark_unchanged();
+        b.set_leading(true);
+        assert!(!b.may_acquire());
+        b.set_leading(false);
+        assert!(
+            opened.has_changed().expect("open"),
+            "a Lease given up at the share"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -124,9 +124,34 @@ impl Seen {
     }
 }
 
-/// A predicate that allows or skips acquisition attempts.
+/// A predicate that allows or skips acquisition attempts, and optionally a signal that it may
+/// have turned from no to yes (so that a gated candidate tries at once instead of at its next
+/// jittered attempt).
 #[derive(Clone)]
-pub struct AcquireGate(pub std::sync::Arc<dyn Fn() -> bool + Send + Sync>);
+pub struct AcquireGate {
+    allows: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,
+    opened: Option<watch::Receiver<u64>>,
+}
+
+impl AcquireGate {
+    /// A gate that asks `allows` before every acquisition attempt.
+    pub fn new(allows: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        AcquireGate {
+            allows: std::sync::Arc::new(allows),
+            opened: None,
+        }
+    }
+
+    /// Every change of `opened` means the gate may have opened.
+    pub fn woken_by(mut self, opened: watch::Receiver<u64>) -> Self {
+        self.opened = Some(opened);
+        self
+    }
+
+    fn allows(&self) -> bool {
+        (self.allows)()
+    }
+}
 
 impl std::fmt::Debug for AcquireGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -256,7 +281,7 @@ impl LeaderElector {
         let mut error_pause = ERROR_RETRY_MIN;
         loop {
             let deadline = Instant::now() + self.config.renew_deadline;
-            let allowed = self.gate.as_ref().is_none_or(|g| (g.0)());
+            let allowed = self.gate.as_ref().is_none_or(AcquireGate::allows);
             let attempt = if allowed {
                 tokio::select! {
                     biased;
@@ -310,6 +335,16 @@ impl LeaderElector {
                         None => std::future::pending().await,
                     }
                 };
+                // A gated attempt is repeated the moment the gate may have opened.
+                let opened = async {
+                    match self.gate.as_mut().and_then(|g| g.opened.as_mut()) {
+                        Some(o) if !allowed => match o.changed().await {
+                            Ok(()) => {}
+                            Err(_) => std::future::pending().await,
+                        },
+                        _ => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     biased;
                     () = shutdown.cancelled() => return false,
@@ -317,6 +352,11 @@ impl LeaderElector {
                     lease = feed => {
                         if let Some(at) = lease.flatten().and_then(|seen| self.absorb(seen)) {
                             due = due.min(at);
+                        }
+                    }
+                    () = opened => {
+                        if self.gate.as_ref().is_some_and(AcquireGate::allows) {
+                            break;
                         }
                     }
                 }
@@ -878,6 +918,41 @@ mod tests {
             took >= DEFAULT_LEASE_DURATION
                 && took <= DEFAULT_LEASE_DURATION + Duration::from_millis(200),
             "took over {took:?} after the last renewal"
+        );
+        token.cancel();
+    }
+
+    /// A candidate held back by its gate (a replica at its share) tries the moment the gate
+    /// signals that it opened, not at its next jittered attempt (5-11 s with these timings).
+    #[tokio::test(start_paused = true)]
+    async fn a_gated_candidate_tries_as_soon_as_the_gate_opens() {
+        let fake = FakeApi::default();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (opened, opened_rx) = watch::channel(0u64);
+        let gate = {
+            let open = open.clone();
+            AcquireGate::new(move || open.load(std::sync::atomic::Ordering::SeqCst))
+                .woken_by(opened_rx)
+        };
+        let elector = LeaderElector::new(
+            Api::namespaced(fake.client(), "default"),
+            Config::new("lease", "default", "me"),
+        )
+        .expect("valid")
+        .with_acquire_gate(gate);
+        let token = CancellationToken::new();
+        let (mut rx, _handle) = elector.spawn(token.clone());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!rx.borrow().is_leading(), "the gate is closed");
+        assert!(stored_lease(&fake).is_none());
+        open.store(true, std::sync::atomic::Ordering::SeqCst);
+        let signalled = Instant::now();
+        opened.send_modify(|n| *n += 1);
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        assert!(
+            signalled.elapsed() < Duration::from_millis(100),
+            "took {:?} after the gate opened",
+            signalled.elapsed()
         );
         token.cancel();
     }

@@ -72,7 +72,10 @@ impl Driver {
                     .or_insert_with(|| tokio::sync::watch::channel(None).0)
                     .subscribe();
                 let elector = elector
-                    .with_acquire_gate(AcquireGate(Arc::new(move || balance.may_acquire())))
+                    .with_acquire_gate(
+                        AcquireGate::new(move || balance.may_acquire())
+                            .woken_by(shared.balance.opened()),
+                    )
                     .with_feed(feed);
                 shared
                     .leader_status
