@@ -168,6 +168,7 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
 pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
+    // Detached on purpose: it lives as long as the process and ends it on a second signal.
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("received a termination signal; stopping (a second signal exits at once)");

@@ -17,8 +17,8 @@
 //! `make test` runs the scenarios that neither kill the control plane nor
 //! take long (driver faults, hub kills, reload storm, config fuzz, hostile
 //! objects, secret hygiene). The `#[ignore]`d ones need the suite's own
-//! control plane or root and run with `make faults`; tests listed in
-//! `kit::known::KNOWN_FAILING` fail today and are reported, not run, by
+//! control plane or root and run with `make faults`; a test listed in
+//! `kit::known::KNOWN_FAILING` (empty now) is reported, not run, by
 //! `make test`.
 
 mod hub;

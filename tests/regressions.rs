@@ -1,11 +1,11 @@
 //! One focused test per bug of issue 13 (and per promise it found untested),
-//! each with the smallest setup that shows it. `docs/reliability.md` has the
-//! diagnosis of each failure.
+//! each with the smallest setup that shows it. `docs/reliability.md` says what
+//! each guards against and how it was fixed.
 //!
-//! Tests that fail today are listed in `kit::known::KNOWN_FAILING`: `make
-//! test` reports them with a loud `KNOWN FAILURE` line instead of running
-//! them, `make faults` runs them. Tests that need root (a network namespace)
-//! are `#[ignore]`d and run by `make faults` only.
+//! A test that fails on the current code belongs in `kit::known::KNOWN_FAILING`
+//! (empty now): `make test` then reports it with a loud `KNOWN FAILURE` line
+//! instead of running it, and `make faults` runs it. Tests that need root (a
+//! network namespace) are `#[ignore]`d and run by `make faults` only.
 
 mod hub;
 #[path = "faults/mod.rs"]

@@ -1,5 +1,6 @@
-//! Tests that fail on the current code, each for a diagnosed bug (see
-//! `docs/reliability.md`). Empty this list as fixes land.
+//! Tests that fail on the current code, each for a diagnosed bug described in
+//! `docs/reliability.md`. Empty since every fix landed; a new fault test that
+//! shows a bug before its fix goes here until the fix lands.
 //!
 //! A listed test is not run by `make test` (it prints a loud `KNOWN FAILURE`
 //! line instead, on the terminal, past libtest's capture). `make faults`
@@ -12,7 +13,7 @@ use std::io::Write;
 use futures::FutureExt;
 
 /// Names of the tests (scenarios of `tests/faults.rs`, regressions of
-/// `tests/regressions.rs`) that fail today.
+/// `tests/regressions.rs`) that fail on the current code.
 pub(crate) const KNOWN_FAILING: &[&str] = &[];
 
 /// Whether `make faults` runs this process (it sets `ATTACHER_FAULTS=1`).
