@@ -892,6 +892,16 @@ mod tests {
         token.cancel();
     }
 
+    /// A take-over `took` after the holder's last renewal was seen happened when the Lease
+    /// expired (client-go's rule, plus [`EXPIRY_MARGIN`]), not a retry period later.
+    fn assert_took_over_at_expiry(took: Duration) {
+        assert!(
+            took >= DEFAULT_LEASE_DURATION
+                && took <= DEFAULT_LEASE_DURATION + Duration::from_millis(200),
+            "took over {took:?} after the last renewal was seen"
+        );
+    }
+
     /// A holder that dies is replaced one lease duration after its last renewal as the watch
     /// showed it (client-go's rule), not after a further retry period of polling.
     #[tokio::test(start_paused = true)]
@@ -913,12 +923,7 @@ mod tests {
         }
         let died = Instant::now();
         rx.wait_for(Leadership::is_leading).await.expect("leads");
-        let took = died.elapsed();
-        assert!(
-            took >= DEFAULT_LEASE_DURATION
-                && took <= DEFAULT_LEASE_DURATION + Duration::from_millis(200),
-            "took over {took:?} after the last renewal"
-        );
+        assert_took_over_at_expiry(died.elapsed());
         token.cancel();
     }
 
@@ -972,12 +977,7 @@ mod tests {
         let token = CancellationToken::new();
         let (mut rx, _handle) = elector_on(&fake, feed.subscribe()).spawn(token.clone());
         rx.wait_for(Leadership::is_leading).await.expect("leads");
-        let took = last_renewal_seen.elapsed();
-        assert!(
-            took >= DEFAULT_LEASE_DURATION
-                && took <= DEFAULT_LEASE_DURATION + Duration::from_millis(200),
-            "took over {took:?} after the last renewal was seen"
-        );
+        assert_took_over_at_expiry(last_renewal_seen.elapsed());
         token.cancel();
     }
 
