@@ -7,11 +7,15 @@
 //!
 //! Missing `promtool` is a failure, never a skip.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+use support::{repo, tool};
 
 /// The shipped alert rules.
 const RULES: &str = "deploy/overlays/observability/prometheusrule.yaml";
@@ -19,24 +23,6 @@ const RULES: &str = "deploy/overlays/observability/prometheusrule.yaml";
 /// The directory of the promtool unit-test files (`*.test.yaml`), which name
 /// their rule file `rules.yaml`.
 const TESTS_DIR: &str = "tests/alerts";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `name` on PATH; fails the test (never skips) when it is missing.
-fn tool(name: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "`{name}` is not on PATH: install Debian's `prometheus` package \
-                 (apt-get install prometheus, or scripts/install-deps.sh)"
-            )
-        })
-}
 
 fn yaml_file(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)
@@ -124,7 +110,10 @@ fn every_alert_has_cases_where_it_fires_and_where_it_stays_silent() {
 
 #[test]
 fn promtool_unit_tests_of_the_alert_rules_pass() {
-    let promtool = tool("promtool");
+    let promtool = tool(
+        "promtool",
+        "install Debian's `prometheus` package (apt-get install prometheus, or scripts/install-deps.sh)",
+    );
     let dir = tempfile::Builder::new()
         .prefix("ah-alerts-")
         .tempdir()

@@ -34,8 +34,8 @@ use serde_json::Value;
 
 use mock_csi_driver::MockDriver;
 use support::{
-    Cluster, PvBuilder, WAIT_TIMEOUT, create_node, create_va, is_attached, unique_driver_name,
-    unique_name, wait_deleted, wait_for,
+    Cluster, PvBuilder, WAIT_TIMEOUT, create_node, create_va, http_get, is_attached, repo, tool,
+    unique_driver_name, unique_name, wait_deleted, wait_for,
 };
 
 /// The Dockerfile's release build (tests/deploy.rs checks the Dockerfile runs
@@ -53,6 +53,10 @@ const RELEASE_BUILD: [&str; 6] = [
 /// far above this, something unintended went in.
 const MAX_IMAGE_BYTES: u64 = 40_000_000;
 
+/// How to get the tools the image test needs.
+const IMAGE_TOOLS: &str = "the image test needs buildah, podman and runc \
+     (scripts/install-deps.sh installs them: apt-get install buildah podman runc)";
+
 /// How long the container may take to exit after SIGTERM (nothing in flight).
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -60,25 +64,6 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 /// hybrid cgroups), cgroupfs, no default ulimits (refused here), events to a
 /// file (no journald).
 const CONTAINERS_CONF: &str = "[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `name` on PATH, else a failure saying how to get it.
-fn tool(name: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "`{name}` is not installed: the image test needs buildah, podman and runc \
-                 (scripts/install-deps.sh installs them: apt-get install buildah podman runc)"
-            )
-        })
-}
 
 /// Runs a command to completion; (success, stdout, stderr).
 fn run(cmd: &mut Command) -> (bool, String, String) {
@@ -225,24 +210,6 @@ fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// One plain HTTP GET to 127.0.0.1:port (status, body).
-async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    stream.write_all(req.as_bytes()).await?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_string()))
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -303,8 +270,8 @@ impl Drop for Cleanup<'_> {
 #[tokio::test]
 async fn image_built_here_runs_as_the_manifests_run_it() {
     let cluster = Cluster::get();
-    let (buildah, podman_bin) = (tool("buildah"), tool("podman"));
-    tool("runc");
+    let (buildah, podman_bin) = (tool("buildah", IMAGE_TOOLS), tool("podman", IMAGE_TOOLS));
+    tool("runc", IMAGE_TOOLS);
     let work = tempfile::Builder::new()
         .prefix("ah-image-")
         .tempdir()

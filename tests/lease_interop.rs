@@ -34,8 +34,6 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::{Api, Client};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::process::Command;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -292,21 +290,10 @@ impl Candidate {
 /// `GET path` on `127.0.0.1:port` (HTTP/1.0, so neither server chunks);
 /// the status code and body, or `None` if there is no answer within 2 s.
 async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let exchange = async {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.ok()?;
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        let status = head.split_whitespace().nth(1)?.parse().ok()?;
-        Some((status, body.to_string()))
-    };
-    tokio::time::timeout(Duration::from_secs(2), exchange)
+    tokio::time::timeout(Duration::from_secs(2), support::http_get(port, path))
         .await
+        .ok()?
         .ok()
-        .flatten()
 }
 
 /// Sum of the samples of metric `name` (exact name, any labels) whose line contains `filter`.

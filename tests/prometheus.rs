@@ -14,7 +14,6 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -23,38 +22,22 @@ use kube::Api;
 use kube::api::DeleteParams;
 use kube::runtime::wait::Condition;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use mock_csi_driver::{MockDriver, MockHandle, fault::Fault};
 use support::{
     ChildProcess, Cluster, PvBuilder, WAIT_TIMEOUT, create_csinode, create_node, create_va,
-    is_attached, unique_driver_name, unique_name, wait_deleted, wait_for,
+    http_get, is_attached, repo, tool, unique_driver_name, unique_name, wait_deleted, wait_for,
 };
+
+/// How to get prometheus and promtool.
+const PROMETHEUS_TOOLS: &str = "install Debian's `prometheus` package (apt-get install prometheus)";
 
 /// Scrape and rule-evaluation interval of the test Prometheus.
 const SCRAPE_INTERVAL: &str = "1s";
 
 /// What `$__rate_interval` becomes in dashboard queries.
 const RATE_INTERVAL: &str = "1m";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `name` on PATH; fails the test (never skips) when it is missing.
-fn tool(name: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "`{name}` is not on PATH: install Debian's `prometheus` package \
-                 (apt-get install prometheus), which provides prometheus and promtool"
-            )
-        })
-}
 
 /// A free loopback port (bound, then released for the child process).
 fn free_port() -> u16 {
@@ -75,25 +58,6 @@ fn encode(s: &str) -> String {
         }
     }
     out
-}
-
-/// A plain HTTP/1.0 GET (the server closes the connection after the body, so
-/// no chunked encoding); returns the status code and the body.
-async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_string()))
 }
 
 /// Runs an instant query; returns the result vector.
@@ -266,8 +230,8 @@ async fn exercise(cluster: &Cluster, served: &Served) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_and_alert_queries_return_series_for_every_driver() {
-    let prometheus = tool("prometheus");
-    let promtool = tool("promtool");
+    let prometheus = tool("prometheus", PROMETHEUS_TOOLS);
+    let promtool = tool("promtool", PROMETHEUS_TOOLS);
     let cluster = Cluster::get();
     let work = tempfile::Builder::new()
         .prefix("ah-prometheus-")

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::netns::NetNs;
@@ -166,26 +165,10 @@ pub(crate) fn free_port_on(ip: std::net::IpAddr) -> u16 {
 
 /// One `GET` over a fresh connection, bounded by [`HTTP_TIMEOUT`].
 pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let fut = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(req.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(raw)
-    };
-    let raw = tokio::time::timeout(HTTP_TIMEOUT, fut)
+    tokio::time::timeout(HTTP_TIMEOUT, crate::support::http_get_at(addr, path))
         .await
         .map_err(|_| format!("GET {path} from {addr}: no answer within {HTTP_TIMEOUT:?}"))?
-        .map_err(|e| format!("GET {path} from {addr}: {e}"))?;
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_string()))
+        .map_err(|e| format!("GET {path} from {addr}: {e}"))
 }
 
 impl FHub {

@@ -212,24 +212,8 @@ where
         })
 }
 
-/// external-attacher's sanitization of a driver name (spec 3.2): every
-/// character outside `[a-zA-Z0-9-]` becomes `-`, and a trailing `-` gets an `X`.
-pub(crate) fn sanitize_driver_name(driver: &str) -> String {
-    let mut s: String = driver
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    if s.ends_with('-') {
-        s.push('X');
-    }
-    s
-}
+/// external-attacher's sanitization of a driver name (spec 3.2).
+pub(crate) use attacher_hub::names::sanitize_driver_name;
 
 /// The finalizer an attacher for `driver` puts on VAs and PVs:
 /// `external-attacher/<sanitized driver>`.

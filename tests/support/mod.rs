@@ -10,6 +10,7 @@
 mod apiserver_metrics;
 mod cluster;
 mod fixtures;
+mod local;
 mod mock_binary;
 mod mock_process;
 mod names;
@@ -23,6 +24,7 @@ pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
     is_attached, sanitize_driver_name, va,
 };
+pub(crate) use local::{http_get, http_get_at, repo, tool};
 pub(crate) use mock_binary::mock_csi_driver_bin;
 pub(crate) use mock_process::MockProcess;
 pub(crate) use names::{test_name, unique_driver_name, unique_name};
