@@ -1,7 +1,9 @@
 //! The Kubernetes side: the API client, the shared watches and caches, the writes a driver
 //! makes and the budgets they are spent from, and error texts shaped like client-go's.
 //!
-//! * [`client`](mod@client) — the client, with keepalive and timeouts;
+//! * [`client`](mod@client) — the clients, over one [`transport`];
+//! * [`transport`] — one HTTP/2 connection to the API server, checked with PINGs (HTTP/1.1
+//!   where the server has no HTTP/2);
 //! * [`router`] — one watch per kind feeding the [`stores`], routing each change;
 //! * [`writer`] — a driver's PATCHes and Secret reads;
 //! * [`budget`] — client-side request budgets (per driver, and the optional hub cap).
@@ -13,10 +15,12 @@ pub mod budget;
 pub mod client;
 pub mod router;
 pub mod stores;
+pub mod transport;
 pub mod writer;
 
 pub use client::{WATCH_TIMEOUT, client};
 pub use stores::Stores;
+pub use transport::Transport;
 pub use writer::{FIELD_MANAGER, REQUEST_TIMEOUT, Writer};
 
 /// The text of an API error as client-go prints it: the server's message for
