@@ -28,7 +28,9 @@ pub(crate) use local::{http_get, http_get_at, repo, tool};
 pub(crate) use mock_binary::mock_csi_driver_bin;
 pub(crate) use mock_process::MockProcess;
 pub(crate) use names::{test_name, unique_driver_name, unique_name};
-pub(crate) use proc_stats::{cpu_seconds, status_mib};
+pub(crate) use proc_stats::{
+    TCP_ESTABLISHED, TcpSocket, cpu_seconds, status_mib, tcp_connections_to, tcp_sockets,
+};
 pub(crate) use process::{
     ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher,
 };
