@@ -44,8 +44,8 @@ pub enum SendError {
     #[error("the request was not sent: {0}")]
     NotSent(#[source] h2::Error),
     /// The request was sent (or may have been) and failed.
-    #[error(transparent)]
-    Failed(h2::Error),
+    #[error("{0}")]
+    Failed(#[source] h2::Error),
     /// No response headers within the bound.
     #[error("no response within {0:?}")]
     NoResponse(Duration),

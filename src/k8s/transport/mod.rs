@@ -109,10 +109,10 @@ pub enum Error {
     #[error(transparent)]
     Connect(#[from] ConnectError),
     /// The request body could not be read.
-    #[error("reading the request body failed")]
+    #[error("reading the request body failed: {0}")]
     RequestBody(#[source] kube::Error),
     /// The request failed on its connection.
-    #[error("request to the API server at {server} failed")]
+    #[error("request to the API server at {server} failed: {source}")]
     Send {
         /// `host:port`.
         server: String,

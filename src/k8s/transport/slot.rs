@@ -267,6 +267,8 @@ struct DialLog {
     failed: u64,
     /// When the last warning was logged.
     warned: Option<Instant>,
+    /// Connections made so far.
+    connected: u64,
 }
 
 impl DialLog {
@@ -282,11 +284,13 @@ impl DialLog {
     }
 
     fn connected(&mut self, server: &str, id: u64) {
-        if self.failed > 0 {
-            tracing::info!(%server, id, failed_rounds = self.failed, "connected to the API server again (HTTP/2)");
-        } else {
+        if self.connected == 0 && self.failed == 0 {
             tracing::debug!(%server, id, "connected to the API server (HTTP/2)");
+        } else {
+            // A new connection after a dead or closed one, or after failures: worth a line.
+            tracing::info!(%server, id, failed_rounds = self.failed, "connected to the API server again (HTTP/2)");
         }
+        self.connected += 1;
         self.failed = 0;
         self.warned = None;
     }
