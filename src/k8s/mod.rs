@@ -8,8 +8,8 @@
 //! * [`writer`] — a driver's PATCHes and Secret reads;
 //! * [`budget`] — client-side request budgets (per driver, and the optional hub cap).
 //!
-//! It uses only [`crate::names`], [`crate::random`] and the [`Observer`](crate::metrics::Observer)
-//! of [`crate::metrics`].
+//! It uses only [`crate::names`], [`crate::random`], and the [`Observer`](crate::metrics::Observer)
+//! and [`ConnectionMetrics`](crate::metrics::ConnectionMetrics) of [`crate::metrics`].
 
 pub mod budget;
 pub mod client;

@@ -7,27 +7,27 @@ use std::{sync::Arc, time::Duration};
 use futures::future::BoxFuture;
 
 /// Longest wait for a TCP connection to the API server.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Longest TLS handshake (client-go's `TLSHandshakeTimeout`).
-pub(crate) const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connection idle this long gets TCP keepalive probes: a peer that vanished without a FIN or
 /// RST is noticed after [`TCP_KEEPALIVE_IDLE`] + [`TCP_KEEPALIVE_PROBES`] ×
 /// [`TCP_KEEPALIVE_INTERVAL`] (25 s) by the kernel, below the HTTP/2 health check. It is what
 /// finds a dead peer on the HTTP/1.1 path, which has no PING.
-pub(crate) const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+pub const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
 
 /// Pause between unanswered keepalive probes.
-pub(crate) const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Unanswered probes before the kernel drops the connection.
-pub(crate) const TCP_KEEPALIVE_PROBES: u32 = 3;
+pub const TCP_KEEPALIVE_PROBES: u32 = 3;
 
 /// Data the API server has not acknowledged for this long ends the connection
 /// (`TCP_USER_TIMEOUT`): a request sent into a black hole fails instead of hanging for the
 /// kernel's ~15 minutes of retransmissions.
-pub(crate) const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// ALPN identifier of HTTP/2.
 const ALPN_H2: &[u8] = b"h2";

@@ -25,27 +25,27 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 /// Nothing read from the connection for this long sends a PING (client-go's `ReadIdleTimeout`).
-pub(crate) const READ_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const READ_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An idle check's PING unanswered (and nothing else read) for this long ends the connection
 /// (client-go's `PingTimeout`).
-pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(15);
+pub const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A request sent this long ago with not one byte read from the connection since sends a PING at
 /// once. Short, because a PING costs 17 bytes and a healthy server answers it in a round trip:
 /// what ends a connection is the unanswered PING, not the wait.
-pub(crate) const STALL_AFTER: Duration = Duration::from_secs(3);
+pub const STALL_AFTER: Duration = Duration::from_secs(3);
 
 /// A stall check's PING unanswered (and nothing else read) for this long ends the connection.
 /// Several round trips of any network the hub runs on, and a stall is found within
 /// [`STALL_AFTER`] + this of the first request that got no answer: well inside the leader
 /// election's renew deadline (10 s by default), so that the Leases are renewed on a fresh
 /// connection once the network allows.
-pub(crate) const STALL_PING_TIMEOUT: Duration = Duration::from_secs(5);
+pub const STALL_PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a PING was sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Reason {
+pub enum Reason {
     /// Nothing read for [`READ_IDLE_TIMEOUT`].
     Idle,
     /// A request waited [`STALL_AFTER`] with nothing read since it was sent.

@@ -63,11 +63,11 @@
 //! pool, one connection per concurrent request, each with TCP keepalive, a TCP user timeout and
 //! read and write timeouts. It has no PING: a stalled connection is found by the read timeout.
 
-mod body;
-mod conn;
-mod dial;
-mod health;
-mod slot;
+pub mod body;
+pub mod conn;
+pub mod dial;
+pub mod health;
+pub mod slot;
 
 #[cfg(test)]
 mod tests;

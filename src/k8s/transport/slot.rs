@@ -28,20 +28,20 @@ use super::{
 use crate::metrics::ConnectionMetrics;
 
 /// A dial attempt still running after this long gets a companion attempt.
-pub(crate) const HEDGE_AFTER: Duration = Duration::from_millis(2500);
+pub const HEDGE_AFTER: Duration = Duration::from_millis(2500);
 
 /// Most dial attempts at once: with [`HEDGE_AFTER`] and a 10 s handshake timeout, a new attempt
 /// starts every 2.5 s for as long as the server takes connections and answers none.
-pub(crate) const MAX_DIALS_IN_FLIGHT: usize = 4;
+pub const MAX_DIALS_IN_FLIGHT: usize = 4;
 
 /// Pause before the next round after a failed one, and the least time between the starts of
 /// two rounds (so that a server that closes every new connection at once is not dialed in a
 /// tight loop).
-pub(crate) const DIAL_BACKOFF_MIN: Duration = Duration::from_millis(250);
+pub const DIAL_BACKOFF_MIN: Duration = Duration::from_millis(250);
 
 /// Longest pause between rounds. Short: a refused connection costs the server nothing, and the
 /// pause adds to the time the hub needs to reconnect once the server is back.
-pub(crate) const DIAL_BACKOFF_MAX: Duration = Duration::from_secs(2);
+pub const DIAL_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Least time between two warnings about failing dials (the first failure and the recovery are
 /// always logged).
