@@ -21,7 +21,8 @@
 //! * f: idle memory and watches with 5,000 extra VAs and PVs in the cluster.
 //!
 //! Sizes and repeats come from the environment (`BENCH_*`, listed in
-//! [`Knobs::from_env`]); `BENCH_CAP=0` skips e1 and e2.
+//! [`Knobs::from_env`]); `BENCH_CAP=0` skips e1 and e2; `BENCH_HUB_BIN` runs
+//! another build of the hub (e.g. the code before a change).
 
 mod hub;
 mod support;

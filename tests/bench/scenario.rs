@@ -543,7 +543,12 @@ fn start(
                 ));
             }
             std::fs::write(&file, yaml).expect("write drivers.yaml");
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_attacher-hub"));
+            // `BENCH_HUB_BIN` runs another build of the hub (e.g. the code before a change).
+            let bin = std::env::var("BENCH_HUB_BIN")
+                .ok()
+                .filter(|b| !b.is_empty())
+                .unwrap_or_else(|| env!("CARGO_BIN_EXE_attacher-hub").to_string());
+            let mut cmd = Command::new(bin);
             cmd.arg(&kubeconfig)
                 .arg(format!("--config={}", file.display()))
                 .arg(format!("--leader-election-namespace={LEASE_NAMESPACE}"))
