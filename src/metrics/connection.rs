@@ -7,8 +7,8 @@ use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 /// (tests, the `status` subcommand) count for no one.
 #[derive(Clone, Debug)]
 pub struct ConnectionMetrics {
-    /// `attacher_hub_api_connection_dials_total{result}`: dials by outcome (`h2`, `http1`,
-    /// `error`).
+    /// `attacher_hub_api_connection_dials_total{result}`: dial attempts by outcome (`h2`,
+    /// `http1`, `error`); attempts that lost to a parallel one are not counted.
     pub dials: IntCounterVec,
     /// `attacher_hub_api_connection_pings_total{reason, result}`: health PINGs by why they were
     /// sent (`idle`, `stalled`) and how they ended (`answered`, `unanswered`).
@@ -32,7 +32,7 @@ impl ConnectionMetrics {
         Self {
             dials: counter(
                 "attacher_hub_api_connection_dials_total",
-                "Connections dialed to the API server, by outcome (h2, http1, error)",
+                "Connection attempts to the API server, by outcome (h2, http1, error)",
                 &["result"],
             ),
             pings: counter(

@@ -198,8 +198,11 @@ pub(crate) async fn keep(slot: Arc<Slot>, dialer: Arc<dyn Dial>, metrics: Connec
         }
         last_round = Some(Instant::now());
         slot.state.send_replace(State::Dialing);
-        let outcome = match dial_round(&slot, &*dialer).await {
-            Ok(Dialed::H2(io)) => Conn::start(io, &server, &metrics).await,
+        let outcome = match dial_round(&slot, &*dialer, &metrics).await {
+            Ok(Dialed::H2(io)) => Conn::start(io, &server, &metrics).await.inspect_err(|_| {
+                // The TLS connection was made, the HTTP/2 handshake failed: a failed attempt.
+                metrics.dials.with_label_values(&["error"]).inc();
+            }),
             Ok(Dialed::Http1) => {
                 metrics.dials.with_label_values(&["http1"]).inc();
                 tracing::info!(%server, "the API server offers no HTTP/2; using HTTP/1.1 connections");
@@ -218,7 +221,6 @@ pub(crate) async fn keep(slot: Arc<Slot>, dialer: Arc<dyn Dial>, metrics: Connec
                 slot.state.send_replace(State::Empty);
             }
             Err(error) => {
-                metrics.dials.with_label_values(&["error"]).inc();
                 failures = failures.saturating_add(1);
                 log.failed(&server, &error);
                 slot.state.send_replace(State::Failed(Arc::new(error)));
@@ -228,7 +230,12 @@ pub(crate) async fn keep(slot: Arc<Slot>, dialer: Arc<dyn Dial>, metrics: Connec
 }
 
 /// One round of dial attempts: the first success, or the last error once every attempt failed.
-async fn dial_round(slot: &Slot, dialer: &dyn Dial) -> Result<Dialed, DialError> {
+/// Counts each failed attempt.
+async fn dial_round(
+    slot: &Slot,
+    dialer: &dyn Dial,
+    metrics: &ConnectionMetrics,
+) -> Result<Dialed, DialError> {
     let mut attempts = futures::stream::FuturesUnordered::new();
     attempts.push(dialer.dial());
     let mut last_start = Instant::now();
@@ -237,8 +244,13 @@ async fn dial_round(slot: &Slot, dialer: &dyn Dial) -> Result<Dialed, DialError>
         tokio::select! {
             Some(outcome) = attempts.next() => match outcome {
                 Ok(dialed) => return Ok(dialed),
-                Err(error) if attempts.is_empty() => return Err(error),
-                Err(error) => tracing::debug!(%error, "a dial attempt failed; others run"),
+                Err(error) => {
+                    metrics.dials.with_label_values(&["error"]).inc();
+                    if attempts.is_empty() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "a dial attempt failed; others run");
+                }
             },
             () = sleep_until(hedge) => {
                 tracing::debug!(in_flight = attempts.len(), "a dial attempt hangs; starting another");
