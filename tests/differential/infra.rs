@@ -75,6 +75,9 @@ const GO_ALWAYS: &[&str] = &[
     // closer than the next token: a busy machine, not a decision.
     "would exceed context deadline",
     "client rate limiter Wait returned an error",
+    // client-go's REST client timed out reading an answer (no URL in it).
+    "unexpected error when reading response body",
+    "stream error when reading response body",
     // A reflector's list or watch failed (it re-lists with backoff).
     "Failed to watch",
     "failed to list",
@@ -249,6 +252,10 @@ mod tests {
         ));
         assert!(is_infra_failure(
             "creating VA va: ServiceError: client error (Connect)"
+        ));
+        assert!(is_infra_line(
+            Side::Go,
+            "could not mark as detached: unexpected error when reading response body. Please retry. Original error: context deadline exceeded"
         ));
         assert!(is_infra_line(
             Side::Go,
