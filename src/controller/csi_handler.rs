@@ -235,16 +235,37 @@ impl CsiHandler {
         Ok(self.client.publish(request, self.config.timeout).await?)
     }
 
+    /// Adds our finalizer to the PV (spec 3.5 step 1). The JSON Patch is built from the cached
+    /// copy, with a `test` of the list it replaces; when the cache is behind (our own earlier
+    /// add has not come back through the watch yet, or another controller changed the list),
+    /// the API server refuses it with 422, and the patch is built once more from a live read,
+    /// instead of failing the attach until the watch catches up.
     async fn ensure_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), Error> {
         let Some(patch) = patches::pv_finalizer_add_patch(pv, &self.driver) else {
             return Ok(());
         };
         let name = pv.metadata.name.as_deref().unwrap_or_default();
-        self.writer
-            .json_patch_pv(name, patch)
-            .await
-            .map_err(|e| Error::PvFinalizer(k8s::error_text(&e)))?;
-        Ok(())
+        let fail = |e: kube::Error| Error::PvFinalizer(k8s::error_text(&e));
+        match self.writer.json_patch_pv(name, patch).await {
+            Ok(_) => Ok(()),
+            Err(e) if k8s::is_unprocessable(&e) => {
+                tracing::debug!(
+                    pv = name,
+                    "cached PersistentVolume is stale; adding the finalizer to a live copy"
+                );
+                let live = self.writer.get_pv(name).await.map_err(fail)?;
+                match patches::pv_finalizer_add_patch(&live, &self.driver) {
+                    None => Ok(()),
+                    Some(patch) => self
+                        .writer
+                        .json_patch_pv(name, patch)
+                        .await
+                        .map(drop)
+                        .map_err(fail),
+                }
+            }
+            Err(e) => Err(fail(e)),
+        }
     }
 
     async fn secrets(
@@ -352,13 +373,30 @@ impl CsiHandler {
             return Ok(());
         };
         let name = pv.metadata.name.as_deref().unwrap_or_default();
-        self.writer
-            .json_patch_pv(
-                name,
-                patches::pv_finalizer_removal_patch(index, &self.driver),
-            )
-            .await
-            .map_err(|e| Error::RemovePvFinalizer(k8s::error_text(&e)))?;
+        let fail = |e: kube::Error| Error::RemovePvFinalizer(k8s::error_text(&e));
+        let patch = patches::pv_finalizer_removal_patch(index, &self.driver);
+        match self.writer.json_patch_pv(name, patch).await {
+            Ok(_) => {}
+            // The cached list is stale (the `test` of our finalizer at `index` failed): decide
+            // again on a live copy, as for the add.
+            Err(e) if k8s::is_unprocessable(&e) => {
+                tracing::debug!(
+                    pv = name,
+                    "cached PersistentVolume is stale; removing the finalizer from a live copy"
+                );
+                let live = self.writer.get_pv(name).await.map_err(fail)?;
+                let Some(index) = patches::pv_needs_finalizer_removal(
+                    &live,
+                    &self.driver,
+                    vas.iter().map(|v| &**v),
+                ) else {
+                    return Ok(());
+                };
+                let patch = patches::pv_finalizer_removal_patch(index, &self.driver);
+                self.writer.json_patch_pv(name, patch).await.map_err(fail)?;
+            }
+            Err(e) => return Err(fail(e)),
+        }
         tracing::info!(pv = name, "removed PersistentVolume finalizer");
         Ok(())
     }
@@ -738,6 +776,64 @@ mod tests {
         assert_eq!(
             w.stored_pv().metadata.finalizers,
             Some(vec!["kubernetes.io/pv-protection".to_owned()])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_cached_pv_gets_our_finalizer_on_a_live_copy_instead_of_failing_the_attach() {
+        // Our own earlier add has not come back through the watch: the live PV has the
+        // finalizer, the cache does not. The `test` fails (422); the live copy needs nothing.
+        let mut w = world(attaching(), true).await;
+        let first = w.volume(&[], va(Some("pv1")));
+        w.api.put(&pv_finalizers_of(w.stored_pv(), &[FIN]));
+        w.api.clear_log();
+        assert_eq!(
+            w.handler.sync_attach(&first).await.expect("attached"),
+            Synced::Attached
+        );
+        assert_eq!(
+            w.written(),
+            [
+                "PATCH volumeattachments/va",
+                "PATCH volumeattachments/va/status"
+            ]
+        );
+        assert_eq!(
+            w.stored_pv().metadata.finalizers,
+            Some(vec![FIN.to_owned()])
+        );
+
+        // Another controller added its finalizer since the cached copy: ours is appended to
+        // the live list, the other one is kept.
+        let mut w = world(attaching(), true).await;
+        let second = w.volume(&[], va(Some("pv1")));
+        w.api.put(&pv_finalizers_of(w.stored_pv(), &["other/keep"]));
+        w.handler.sync_attach(&second).await.expect("attached");
+        assert_eq!(
+            w.stored_pv().metadata.finalizers,
+            Some(vec!["other/keep".to_owned(), FIN.to_owned()])
+        );
+        assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stale_cached_pv_loses_our_finalizer_from_a_live_copy() {
+        // The cache shows ours second; another controller has removed the first since.
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&["other/first", FIN], attached_va());
+        w.caches.delete_va(&va);
+        let cached = deleting(w.stored_pv());
+        let cached = w.api.put(&cached);
+        w.caches.apply_pv(&cached);
+        w.api.put(&pv_finalizers_of(w.stored_pv(), &[FIN]));
+        w.api.clear_log();
+        w.handler.sync_pv(&cached).await.expect("removed");
+        // No finalizer was left on the deleted PV: the API server removed it.
+        assert!(w.api.get::<PersistentVolume>(None, "pv1").is_none());
+        assert_eq!(
+            w.written(),
+            ["PATCH persistentvolumes/pv1"],
+            "the stale patch is refused, the live one applies"
         );
     }
 

@@ -33,6 +33,12 @@ pub fn error_text(error: &kube::Error) -> String {
     }
 }
 
+/// Whether the error is a 422 from the API server: for a JSON Patch, a `test` operation that
+/// failed because the copy the patch was built from is stale.
+pub fn is_unprocessable(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 422)
+}
+
 /// Whether the error is a 404 from the API server.
 pub fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(s) if s.code == 404)

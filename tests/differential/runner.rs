@@ -25,6 +25,7 @@ use kube::{Api, Client};
 use mock_csi_driver::CallRecord;
 use mock_csi_driver::{MockDriver, MockHandle};
 
+use crate::infra;
 use crate::scenarios::{
     Batch, CsiSpec, DriverName, NodeEntry, Obj, PvObj, PvSource, PvState, Scenario, SecretValue,
     Step, VaSource, VaState,
@@ -77,6 +78,13 @@ pub(crate) struct Outcome {
     /// Why the scenario stopped early (a wait timed out, a create failed).
     pub(crate) failure: Option<String>,
     pub(crate) elapsed: Duration,
+    /// Infrastructure errors (API timeouts, cut watches, 429/5xx) in the
+    /// attacher's log that concern this scenario, and the test's own API
+    /// errors of that kind (see `infra.rs`).
+    pub(crate) infra: Vec<String>,
+    /// Roles of the VAs the Go attacher re-attached from a stale cache after
+    /// attaching them (spec 3.12); always empty for the hub.
+    pub(crate) stale_reattached: BTreeSet<String>,
 }
 
 /// Everything a scenario needs from its batch.
@@ -99,9 +107,25 @@ struct Created {
     secrets: Vec<String>,
 }
 
-/// Runs one batch with one implementation and returns one outcome per
-/// scenario, in table order. Attacher logs are saved to `log_dir`.
-pub(crate) async fn run_batch(which: Impl, batch: &Batch, log_dir: &Path) -> Vec<Outcome> {
+/// Runs the scenarios of one batch named in `only` (all of them for `None`)
+/// with one implementation and returns one outcome per scenario, in table
+/// order. A scenario keeps its index in the batch (and so its mock volume)
+/// whatever the selection. Attacher logs are saved to `log_dir`.
+pub(crate) async fn run_batch(
+    which: Impl,
+    batch: &Batch,
+    only: Option<&BTreeSet<String>>,
+    log_dir: &Path,
+) -> Vec<Outcome> {
+    let selected: Vec<(usize, &Scenario)> = batch
+        .scenarios
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| only.is_none_or(|o| o.contains(&s.name)))
+        .collect();
+    if selected.is_empty() {
+        return Vec::new();
+    }
     let cluster = Cluster::get();
     let client = cluster.client().await;
     let driver = match batch.driver {
@@ -141,17 +165,15 @@ pub(crate) async fn run_batch(which: Impl, batch: &Batch, log_dir: &Path) -> Vec
     };
     let results: Vec<(Outcome, Created)> = if batch.sequential {
         let mut v = Vec::new();
-        for (i, s) in batch.scenarios.iter().enumerate() {
+        for &(i, s) in &selected {
             v.push(run_scenario(&ctx, batch.name, i, s).await);
         }
         v
     } else {
         futures::future::join_all(
-            batch
-                .scenarios
+            selected
                 .iter()
-                .enumerate()
-                .map(|(i, s)| run_scenario(&ctx, batch.name, i, s)),
+                .map(|&(i, s)| run_scenario(&ctx, batch.name, i, s)),
         )
         .await
     };
@@ -170,8 +192,47 @@ pub(crate) async fn run_batch(which: Impl, batch: &Batch, log_dir: &Path) -> Vec
             attacher.stderr()
         ),
     );
+    let side = match which {
+        Impl::Go => infra::Side::Go,
+        Impl::Hub => infra::Side::Hub,
+    };
+    let text = format!("{}\n{}", attacher.stdout(), attacher.stderr());
+    let names: Vec<String> = selected.iter().map(|(_, s)| s.name.clone()).collect();
+    let mut troubles = infra::by_scenario(side, &text, &ctx.run_tag, &names);
+    let reattached = match which {
+        Impl::Go => infra::stale_reattaches(&text),
+        Impl::Hub => BTreeSet::new(),
+    };
     let mut outcomes = Vec::new();
     for (mut outcome, created) in results {
+        outcome.infra = troubles
+            .remove(&outcome.scenario)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| format!("{} log: {}", which.tag(), ctx.normalizer.apply(&l)))
+            .collect();
+        if let Some(f) = &outcome.failure
+            && infra::is_infra_failure(f)
+        {
+            outcome.infra.push(format!("the test's own API call: {f}"));
+        }
+        // An error the attacher saved in a status shows in a snapshot even
+        // when its log line is worded otherwise.
+        for (label, snap) in &outcome.checkpoints {
+            for (field, value) in &snap.fields {
+                if infra::is_infra_line(side, value) {
+                    outcome
+                        .infra
+                        .push(format!("{} [{label}] {field}: {value}", which.tag()));
+                }
+            }
+        }
+        let prefix = format!("{}-{}-", ctx.run_tag, outcome.scenario);
+        outcome.stale_reattached = reattached
+            .iter()
+            .filter_map(|n| n.strip_prefix(&prefix))
+            .map(str::to_string)
+            .collect();
         cleanup(&ctx.client, &created).await;
         if let Some(status) = exited {
             outcome.failure.get_or_insert(format!(
@@ -390,6 +451,8 @@ async fn run_scenario(
         checkpoints,
         failure,
         elapsed: started.elapsed(),
+        infra: Vec::new(),
+        stale_reattached: BTreeSet::new(),
     };
     (outcome, created)
 }
