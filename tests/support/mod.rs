@@ -16,6 +16,7 @@ mod mock_process;
 mod names;
 mod proc_stats;
 mod process;
+mod vendor;
 mod wait;
 
 pub(crate) use apiserver_metrics::{ApiServerMetrics, RequestKind};
@@ -32,6 +33,7 @@ pub(crate) use proc_stats::{cpu_seconds, status_mib};
 pub(crate) use process::{
     ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher,
 };
+pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, gce_pd_manifests};
 pub(crate) use wait::{WaitError, wait_deleted, wait_for};
 
 /// Default time allowed for a condition that a healthy controller reaches in
