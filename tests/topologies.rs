@@ -30,7 +30,11 @@
 //! account of its own, the rules bound to it are exactly those calls and it may do nothing
 //! else asked of it; in (a) and (c) the vendor's RBAC is left as it was.
 //!
-//! The end-to-end run of (b) with real processes is `controller_pool_end_to_end` below.
+//! (b) also runs end to end: the Rust mock and the Go mockcsi serve their sockets in the
+//! export layout (`<dir>/<driver>/csi.sock`); two attacher-hub processes in discovery mode,
+//! each with its own identity (two "nodes"), split the two drivers' Leases and attach; the node
+//! leading one of them is killed, and the other takes that driver over, attaches new volumes
+//! of both and detaches one the dead node attached.
 
 mod support;
 
@@ -1223,4 +1227,237 @@ fn helm_hub_shape_holds_the_pd_controller_plugin_and_serves_it() {
             );
         }
     }
+}
+
+// === (b) end to end ==========================================================
+
+/// Lease timings of the end-to-end run: a dead node's drivers are taken over within seconds.
+const LEASE: Duration = Duration::from_secs(4);
+const RENEW: Duration = Duration::from_secs(3);
+const RETRY: Duration = Duration::from_secs(1);
+
+/// A driver process serving `<export>/<name>/csi.sock`, as a controller pod exports it.
+struct ExportedDriver {
+    name: String,
+    node_id: String,
+    /// Handles of its volumes.
+    volumes: Vec<String>,
+    process: support::ChildProcess,
+}
+
+/// Starts the Rust mock (`rust: true`) or the Go mockcsi as driver `name` on its socket in the
+/// export directory and waits for its ready line.
+async fn start_exported(
+    cluster: &Cluster,
+    export: &Path,
+    name: &str,
+    rust: bool,
+) -> ExportedDriver {
+    let dir = export.join(name);
+    std::fs::create_dir_all(&dir).expect("driver subdirectory");
+    let socket = dir.join("csi.sock");
+    let (label, program, extra): (&str, PathBuf, Vec<String>) = if rust {
+        (
+            "mock-csi-driver",
+            support::mock_csi_driver_bin().to_path_buf(),
+            vec![],
+        )
+    } else {
+        ("mockcsi", cluster.bin("mockcsi"), vec!["-v=2".into()])
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.arg(format!("--endpoint={}", socket.display()))
+        .arg(format!("--name={name}"))
+        .arg("--volumes=4")
+        .args(extra);
+    let mut process = support::ChildProcess::spawn(label, cmd);
+    process
+        .wait_for_output("ready\n", 1, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{label} {name}: {e}"));
+    assert!(socket.exists(), "{} was not created", socket.display());
+    // The Rust mock's volumes are vol-0, vol-1, ...; the Go mock prints `vol-<i> <handle>`.
+    let volumes = if rust {
+        (0..4).map(|i| format!("vol-{i}")).collect()
+    } else {
+        process
+            .stdout()
+            .lines()
+            .filter(|l| l.starts_with("vol-"))
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+            .collect()
+    };
+    ExportedDriver {
+        name: name.to_string(),
+        // The Go mock knows one node, named after the driver; the Rust mock takes any.
+        node_id: if rust { "node-1".into() } else { name.into() },
+        volumes,
+        process,
+    }
+}
+
+/// Which of `hubs` lead `driver` (by their own `/drivers`).
+async fn leaders(hubs: &[&support::Attacher], driver: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for (i, h) in hubs.iter().enumerate() {
+        if h.leads(driver).await == Some(true) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_pool_end_to_end_two_nodes_one_dies() {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::Api;
+    use support::{
+        Attacher, PvBuilder, create_node, create_va, eventually, go_duration, is_attached, wait_for,
+    };
+
+    let cluster = Cluster::get();
+    let client = cluster.client().await;
+    // The hostPath layout of topology (b): one subdirectory per driver. Short names: a Unix
+    // socket path holds at most 107 bytes.
+    let root = tempfile::Builder::new()
+        .prefix("ah-pool-")
+        .tempdir()
+        .expect("temporary directory");
+    let export = root.path().join("controllers");
+    let token = format!("{:x}", std::process::id());
+    let rust = start_exported(cluster, &export, &format!("r{token}.pool.test"), true).await;
+    let go = start_exported(cluster, &export, &format!("g{token}.pool.test"), false).await;
+    let drivers = [&rust, &go];
+
+    // Two "nodes" of the pool, each an attacher-hub in discovery mode with its own identity.
+    let args: Vec<String> = vec![
+        format!("--kubeconfig={}", cluster.attacher_kubeconfig.display()),
+        format!("--driver-sockets={}/*/csi.sock", export.display()),
+        "--leader-election".into(),
+        "--leader-election-namespace=default".into(),
+        format!("--leader-election-lease-duration={}", go_duration(LEASE)),
+        format!("--leader-election-renew-deadline={}", go_duration(RENEW)),
+        format!("--leader-election-retry-period={}", go_duration(RETRY)),
+        "-v=2".into(),
+    ];
+    let mut node_a = Attacher::hub("node-a", &args);
+    let mut node_b = Attacher::hub("node-b", &args);
+
+    let node = support::unique_name("pool-node");
+    create_node(&client, &node).await;
+    // One CSINode entry per driver, as the node plugins would register them.
+    let csinode = k8s_openapi::api::storage::v1::CSINode {
+        metadata: kube::api::ObjectMeta {
+            name: Some(node.clone()),
+            ..Default::default()
+        },
+        spec: k8s_openapi::api::storage::v1::CSINodeSpec {
+            drivers: drivers
+                .iter()
+                .map(|d| k8s_openapi::api::storage::v1::CSINodeDriver {
+                    name: d.name.clone(),
+                    node_id: d.node_id.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+        },
+    };
+    Api::<k8s_openapi::api::storage::v1::CSINode>::all(client.clone())
+        .create(&Default::default(), &csinode)
+        .await
+        .expect("create the CSINode");
+
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let mut created = Vec::new();
+    let mut attach = |d: &ExportedDriver, vol: usize| {
+        let (pv, va) = (
+            support::unique_name(&format!("pv{vol}")),
+            support::unique_name(&format!("va{vol}")),
+        );
+        created.push(va.clone());
+        (d.name.clone(), pv, va, d.volumes[vol].clone())
+    };
+    // Both nodes discover both sockets; the Leases split the drivers between them.
+    let first: Vec<_> = drivers.iter().map(|d| attach(d, 0)).collect();
+    for (driver, pv, va, vol) in &first {
+        PvBuilder::new(pv, driver, vol).create(&client).await;
+        create_va(&client, va, driver, &node, pv).await;
+    }
+    for (_, _, va, _) in &first {
+        wait_for(&vas, va, "attached", is_attached(), support::WAIT_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{va} attached by the pool: {e}"));
+    }
+    // Each node leads one driver once leadership is balanced (two drivers, two live nodes).
+    let hubs = [&node_a, &node_b];
+    let split = eventually(
+        "each node leads one of the two drivers",
+        Duration::from_secs(90),
+        || async {
+            let mut split = BTreeMap::new();
+            for d in drivers {
+                let l = leaders(&hubs, &d.name).await;
+                if l.len() != 1 {
+                    return None;
+                }
+                split.insert(d.name.clone(), l[0]);
+            }
+            (split[&rust.name] != split[&go.name]).then_some(split)
+        },
+    )
+    .await;
+    eprintln!("controller pool: leaders by driver (0 = node-a, 1 = node-b): {split:?}");
+
+    // The node leading the Rust mock's driver dies (SIGKILL: no Lease handed over).
+    let dead = split[&rust.name];
+    let (dead_hub, survivor) = if dead == 0 {
+        (&mut node_a, &mut node_b)
+    } else {
+        (&mut node_b, &mut node_a)
+    };
+    dead_hub.signal("-KILL");
+    let killed = Instant::now();
+    for d in drivers {
+        eventually(
+            &format!("the surviving node leads {}", d.name),
+            LEASE * 4 + Duration::from_secs(10),
+            || async { (survivor.leads(&d.name).await == Some(true)).then_some(()) },
+        )
+        .await;
+    }
+    eprintln!(
+        "controller pool: the survivor led both drivers {:.1}s after the other node was killed",
+        killed.elapsed().as_secs_f64()
+    );
+    // It attaches new volumes of both drivers and detaches one the dead node attached.
+    let second: Vec<_> = drivers.iter().map(|d| attach(d, 1)).collect();
+    for (driver, pv, va, vol) in &second {
+        PvBuilder::new(pv, driver, vol).create(&client).await;
+        create_va(&client, va, driver, &node, pv).await;
+    }
+    for (_, _, va, _) in &second {
+        wait_for(&vas, va, "attached", is_attached(), support::WAIT_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{va} attached by the surviving node: {e}"));
+    }
+    let (_, _, gone, _) = first
+        .iter()
+        .find(|(d, ..)| *d == rust.name)
+        .expect("the Rust mock's first VA");
+    vas.delete(gone, &Default::default())
+        .await
+        .expect("delete a VA");
+    support::wait_deleted(&vas, gone, support::WAIT_TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{gone} detached by the surviving node: {e}"));
+    survivor.assert_running();
+
+    // Clean up: the survivor detaches the rest.
+    for va in created.iter().filter(|v| *v != gone) {
+        let _ = vas.delete(va, &Default::default()).await;
+    }
+    for va in created.iter().filter(|v| *v != gone) {
+        let _ = support::wait_deleted(&vas, va, support::WAIT_TIMEOUT).await;
+    }
+    survivor.process.stop().await;
 }

@@ -8,6 +8,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod apiserver_metrics;
+mod attachers;
 mod cluster;
 mod fixtures;
 mod local;
@@ -20,6 +21,7 @@ mod vendor;
 mod wait;
 
 pub(crate) use apiserver_metrics::{ApiServerMetrics, RequestKind};
+pub(crate) use attachers::{Attacher, Program, eventually, free_port, go_duration};
 pub(crate) use cluster::Cluster;
 pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
@@ -31,7 +33,7 @@ pub(crate) use mock_process::MockProcess;
 pub(crate) use names::{test_name, unique_driver_name, unique_name};
 pub(crate) use proc_stats::{cpu_seconds, status_mib};
 pub(crate) use process::{
-    ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher,
+    ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher, under_hostname,
 };
 pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, gce_pd_manifests};
 pub(crate) use wait::{WaitError, wait_deleted, wait_for};
