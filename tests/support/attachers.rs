@@ -2,7 +2,7 @@
 //! own (see [`under_hostname`]) and an HTTP listener each, asked what they think: whether they
 //! lead a driver, their `/drivers`, their metrics.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -55,17 +55,17 @@ impl Attacher {
         Self::start(
             Program::Hub,
             tag,
-            PathBuf::from(env!("CARGO_BIN_EXE_attacher-hub")),
+            Path::new(env!("CARGO_BIN_EXE_attacher-hub")),
             args,
         )
     }
 
     /// The Go external-attacher with `args` (and `--http-endpoint`), as host `<tag>-<unique>`.
     pub(crate) fn go(cluster: &Cluster, tag: &str, args: &[String]) -> Attacher {
-        Self::start(Program::Go, tag, cluster.bin("csi-attacher"), args)
+        Self::start(Program::Go, tag, &cluster.bin("csi-attacher"), args)
     }
 
-    fn start(program: Program, tag: &str, binary: PathBuf, args: &[String]) -> Attacher {
+    fn start(program: Program, tag: &str, binary: &Path, args: &[String]) -> Attacher {
         let identity = unique_name(tag);
         let port = free_port();
         let mut all = args.to_vec();
@@ -74,7 +74,7 @@ impl Attacher {
             Program::Hub => "attacher-hub",
             Program::Go => "csi-attacher",
         };
-        let cmd = under_hostname(&identity, &binary, &all);
+        let cmd = under_hostname(&identity, binary, &all);
         Attacher {
             program,
             identity,
