@@ -1242,7 +1242,8 @@ struct ExportedDriver {
     node_id: String,
     /// Handles of its volumes.
     volumes: Vec<String>,
-    process: support::ChildProcess,
+    /// The driver process, killed when dropped.
+    _process: support::ChildProcess,
 }
 
 /// Starts the Rust mock (`rust: true`) or the Go mockcsi as driver `name` on its socket in the
@@ -1292,7 +1293,7 @@ async fn start_exported(
         // The Go mock knows one node, named after the driver; the Rust mock takes any.
         node_id: if rust { "node-1".into() } else { name.into() },
         volumes,
-        process,
+        _process: process,
     }
 }
 
