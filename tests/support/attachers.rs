@@ -83,6 +83,72 @@ impl Attacher {
         }
     }
 
+    /// What to ask it through its listener (copyable, for monitor tasks).
+    pub(crate) fn probe(&self) -> Probe {
+        Probe {
+            program: self.program,
+            port: self.port,
+        }
+    }
+
+    /// `GET path`: status and body, `None` when nothing answers within 2 s.
+    pub(crate) async fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.probe().get(path).await
+    }
+
+    /// The hub's `/drivers`.
+    pub(crate) async fn drivers(&self) -> Option<Vec<Value>> {
+        self.probe().drivers().await
+    }
+
+    /// The hub's `/drivers` entry of `driver`.
+    pub(crate) async fn driver(&self, driver: &str) -> Option<Value> {
+        self.probe().driver(driver).await
+    }
+
+    /// `/metrics`.
+    pub(crate) async fn metrics(&self) -> Option<String> {
+        self.probe().metrics().await
+    }
+
+    /// Whether it says it leads `driver` (see [`Probe::leads`]).
+    pub(crate) async fn leads(&self, driver: &str) -> Option<bool> {
+        self.probe().leads(driver).await
+    }
+
+    /// ControllerPublishVolume calls it made (see [`Probe::publish_calls`]).
+    pub(crate) async fn publish_calls(&self) -> u64 {
+        self.probe().publish_calls().await
+    }
+
+    /// Panics (with the logs) if the process has ended.
+    pub(crate) fn assert_running(&mut self) {
+        if let Some(status) = self.process.exited() {
+            panic!("{:?} {} exited: {status}", self.program, self.identity);
+        }
+    }
+
+    /// Sends `signal` (`-KILL`, `-TERM`).
+    pub(crate) fn signal(&self, signal: &str) {
+        let pid = self.process.id().expect("the process runs");
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+}
+
+/// An attacher's listener: what it says about itself.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Probe {
+    /// Which program answers.
+    pub(crate) program: Program,
+    /// Its port on 127.0.0.1.
+    pub(crate) port: u16,
+}
+
+impl Probe {
     /// `GET path`: status and body, `None` when nothing answers within 2 s.
     pub(crate) async fn get(&self, path: &str) -> Option<(u16, String)> {
         tokio::time::timeout(Duration::from_secs(2), super::http_get(self.port, path))
@@ -138,23 +204,6 @@ impl Attacher {
             .filter(|l| l.contains("ControllerPublishVolume"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
-    }
-
-    /// Panics (with the logs) if the process has ended.
-    pub(crate) fn assert_running(&mut self) {
-        if let Some(status) = self.process.exited() {
-            panic!("{:?} {} exited: {status}", self.program, self.identity);
-        }
-    }
-
-    /// Sends `signal` (`-KILL`, `-TERM`).
-    pub(crate) fn signal(&self, signal: &str) {
-        let pid = self.process.id().expect("the process runs");
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} {pid} failed");
     }
 }
 

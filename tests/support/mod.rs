@@ -21,7 +21,7 @@ mod vendor;
 mod wait;
 
 pub(crate) use apiserver_metrics::{ApiServerMetrics, RequestKind};
-pub(crate) use attachers::{Attacher, Program, eventually, free_port, go_duration};
+pub(crate) use attachers::{Attacher, Probe, Program, eventually, free_port, go_duration};
 pub(crate) use cluster::Cluster;
 pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
