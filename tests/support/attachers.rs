@@ -52,20 +52,42 @@ impl Attacher {
     /// attacher-hub with `args` (and `--http-endpoint` on a free loopback port), as host
     /// `<tag>-<unique>`.
     pub(crate) fn hub(tag: &str, args: &[String]) -> Attacher {
+        Self::hub_with_env(tag, args, &[])
+    }
+
+    /// [`Attacher::hub`] with environment variables (e.g. `POD_NAMESPACE`).
+    pub(crate) fn hub_with_env(tag: &str, args: &[String], env: &[(&str, &str)]) -> Attacher {
         Self::start(
             Program::Hub,
             tag,
             Path::new(env!("CARGO_BIN_EXE_attacher-hub")),
             args,
+            env,
         )
     }
 
     /// The Go external-attacher with `args` (and `--http-endpoint`), as host `<tag>-<unique>`.
     pub(crate) fn go(cluster: &Cluster, tag: &str, args: &[String]) -> Attacher {
-        Self::start(Program::Go, tag, &cluster.bin("csi-attacher"), args)
+        Self::go_with_env(cluster, tag, args, &[])
     }
 
-    fn start(program: Program, tag: &str, binary: &Path, args: &[String]) -> Attacher {
+    /// [`Attacher::go`] with environment variables (e.g. `POD_NAMESPACE`).
+    pub(crate) fn go_with_env(
+        cluster: &Cluster,
+        tag: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Attacher {
+        Self::start(Program::Go, tag, &cluster.bin("csi-attacher"), args, env)
+    }
+
+    fn start(
+        program: Program,
+        tag: &str,
+        binary: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Attacher {
         let identity = unique_name(tag);
         let port = free_port();
         let mut all = args.to_vec();
@@ -74,7 +96,12 @@ impl Attacher {
             Program::Hub => "attacher-hub",
             Program::Go => "csi-attacher",
         };
-        let cmd = under_hostname(&identity, binary, &all);
+        let mut cmd = under_hostname(&identity, binary, &all);
+        // Neither program reads a stray POD_NAMESPACE of the test's environment.
+        cmd.env_remove("POD_NAMESPACE");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         Attacher {
             program,
             identity,
