@@ -463,10 +463,10 @@ async fn migration_to_one_hub_and_back_as_documented() {
         );
     }
     // 4. Take the attacher out of each driver's controller, one driver at a time; 5. after.
-    for i in 0..drivers.len() {
+    for d in &mut drivers {
         let stopped = Instant::now();
-        drivers[i].stop_sidecar().await;
-        let name = drivers[i].name().to_string();
+        d.stop_sidecar().await;
+        let name = d.name().to_string();
         eventually(&format!("the hub leads {name}"), HANDOVER * 2, || async {
             (hub.leads(&name).await == Some(true)).then_some(())
         })
@@ -478,14 +478,14 @@ async fn migration_to_one_hub_and_back_as_documented() {
         let (ns, holder) = lease_row(cluster, &name);
         assert_eq!(
             (ns.as_str(), holder.as_str()),
-            (drivers[i].lease_namespace(), hub.identity.as_str())
+            (d.lease_namespace(), hub.identity.as_str())
         );
         let s = hub_status(&hub).await.expect("attacher-hub status");
         assert_eq!(
             s[&name].0, "leading",
             "attacher-hub status after step 4: {s:?}"
         );
-        attach_new(&mut drivers[i], "the hub").await;
+        attach_new(d, "the hub").await;
     }
     hub.assert_running();
 
@@ -575,7 +575,8 @@ async fn migration_to_one_hub_and_back_as_documented() {
             d.name()
         );
     }
-    for va in watched.lock().iter() {
+    let all = watched.lock().clone();
+    for va in &all {
         let v = vas.get(va).await.expect("the VA");
         assert!(
             v.status.is_some_and(|s| s.attached),
@@ -584,7 +585,6 @@ async fn migration_to_one_hub_and_back_as_documented() {
     }
 
     // Clean up: the sidecars detach everything.
-    let all = watched.lock().clone();
     for va in &all {
         let _ = vas.delete(va, &DeleteParams::default()).await;
     }
