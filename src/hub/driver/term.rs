@@ -1,6 +1,7 @@
-//! One election term of a driver: stand for its Lease (if it has leader election), run the
-//! workers while leading, and end on stop, connection loss, a lost Lease or a hand-over, in two
-//! phases (drain the work, then vacate the Lease).
+//! One election term of a driver: stand for its Lease (if it has leader election, and only while
+//! the cross-namespace Lease guard allows it), run the workers while leading, and end on stop,
+//! connection loss, a lost Lease, a hand-over or a step-down for a holder in another namespace,
+//! in two phases (drain the work, then vacate the Lease).
 
 use std::sync::Arc;
 
@@ -41,7 +42,9 @@ pub(super) enum Outcome {
 }
 
 impl Driver {
-    /// One term of the election: from candidacy to stop, loss, or hand-over.
+    /// One term of the election: from candidacy to stop, loss, hand-over, or a step-down for a
+    /// holder of the driver's Lease in another namespace (`guard`: the connection's
+    /// cross-namespace Lease guard, with leader election).
     pub(super) async fn serve_term(
         self: Arc<Self>,
         shared: &Arc<Shared>,
@@ -49,9 +52,8 @@ impl Driver {
         name: &str,
         handler: &Arc<Handler>,
         losses: &mut tokio::sync::watch::Receiver<u64>,
-        guard: Option<&mut GuardFeed>,
+        mut guard: Option<&mut GuardFeed>,
     ) -> Term {
-        let mut guard = guard;
         let election = CancellationToken::new();
         let (mut leadership, election_task) = match &self.settings.leader_election {
             None => {
