@@ -8,7 +8,8 @@
 //!   test-only CRDs in `tests/deploy/monitoring-crds.yaml`);
 //! * the shipped RBAC is exactly what attacher-hub uses: authenticated as the
 //!   shipped ServiceAccount with the shipped RBAC applied, attacher-hub holds
-//!   its Lease and attaches and detaches VolumeAttachments whose PVs carry a
+//!   its Lease, lists the driver's Lease in all namespaces (the cross-namespace
+//!   Lease guard) and attaches and detaches VolumeAttachments whose PVs carry a
 //!   controller-publish secret; with any single verb of any rule removed, it
 //!   does not get there.
 
@@ -36,7 +37,13 @@ use support::{
 const RELEASE_BUILD: &str = "cargo build --release --locked --bin attacher-hub";
 
 /// The overlays under `deploy/overlays`.
-const OVERLAYS: [&str; 4] = ["sidecar", "hub", "daemonset", "observability"];
+const OVERLAYS: [&str; 5] = [
+    "sidecar",
+    "hub",
+    "daemonset",
+    "controller-pool",
+    "observability",
+];
 
 /// Image name (before the tag) of attacher-hub containers in the overlays.
 const IMAGE: &str = "registry.example.com/attacher-hub";
@@ -523,6 +530,8 @@ async fn dockerfile_and_manifests_agree() {
         assert_eq!(&labels[k], v, "the PDB selects the hub pods");
     }
     assert_eq!(pdb["spec"]["minAvailable"], 1);
+    // A replica that is not Ready serves nothing; evicting it never waits for the budget.
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     let anti = &pod["affinity"]["podAntiAffinity"];
     assert!(
         anti["preferredDuringSchedulingIgnoredDuringExecution"].is_array()
@@ -637,9 +646,9 @@ async fn every_overlay_renders_and_passes_a_server_side_dry_run() {
 
 // === RBAC: exactly the verbs attacher-hub uses ==============================
 
-/// The base RBAC plus the publish-secrets component, rendered through a
-/// kustomization next to copies of the two directories (kustomize refuses
-/// absolute paths, and the target directory may be anywhere).
+/// The base RBAC plus the publish-secrets and lease-guard components, rendered
+/// through a kustomization next to copies of the directories (kustomize
+/// refuses absolute paths, and the target directory may be anywhere).
 async fn render_shipped_rbac(cluster: &Cluster) -> Vec<Value> {
     fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).expect("create directory");
@@ -657,14 +666,18 @@ async fn render_shipped_rbac(cluster: &Cluster) -> Vec<Value> {
         .prefix("ah-rbac-render-")
         .tempdir()
         .expect("temporary kustomization directory");
-    for part in ["deploy/base/rbac", "deploy/components/publish-secrets"] {
+    for part in [
+        "deploy/base/rbac",
+        "deploy/components/publish-secrets",
+        "deploy/components/lease-guard",
+    ] {
         copy_dir(&repo().join(part), &dir.path().join(part));
     }
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
          resources:\n  - deploy/base/rbac\n\
-         components:\n  - deploy/components/publish-secrets\n",
+         components:\n  - deploy/components/publish-secrets\n  - deploy/components/lease-guard\n",
     )
     .expect("write kustomization");
     documents(&kustomize(cluster, dir.path()).await)
@@ -1001,6 +1014,13 @@ async fn rbac_scenario(cluster: &Cluster, shipped: &[Value], removed: Option<Gra
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        // The cross-namespace Lease guard listed the driver's Lease in all namespaces.
+        hub.wait_for_output("no other namespace holds the Lease", 1, STEP_TIMEOUT)
+            .await
+            .map_err(|why| Outcome::Failed {
+                step: "list Leases in all namespaces (the Lease guard)",
+                why,
+            })?;
         for va in [&va1, &va2] {
             vas.delete(va, &DeleteParams::default())
                 .await

@@ -40,6 +40,8 @@ pub struct Row {
     pub attachments: Option<Counts>,
     /// The driver's last error.
     pub last_error: Option<String>,
+    /// Why the cross-namespace Lease guard does not guard this driver, when it cannot.
+    pub guard_unavailable: Option<String>,
 }
 
 impl Row {
@@ -79,6 +81,9 @@ pub fn rows(drivers: &[Value], counts: Option<&BTreeMap<String, Counts>>) -> Vec
                         .unwrap_or_default()
                 }),
                 last_error: text(&d["lastError"]),
+                guard_unavailable: (d["leaseGuard"]["state"] == "unavailable")
+                    .then(|| text(&d["leaseGuard"]["reason"]))
+                    .flatten(),
             }
         })
         .collect()
@@ -151,6 +156,9 @@ pub fn render_table(rows: &[Row]) -> String {
     for r in rows {
         if let Some(reason) = &r.reason {
             notes.push(format!("{}: {}: {reason}", r.driver, r.state));
+        }
+        if let Some(why) = &r.guard_unavailable {
+            notes.push(format!("{}: lease guard unavailable: {why}", r.driver));
         }
         if let Some(c) = r.attachments.filter(|c| c.failing > 0) {
             notes.push(format!(
@@ -366,6 +374,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_blocked_driver_and_an_unguarded_one_are_explained_in_notes() {
+        let mut blocked = entry("pd.csi.storage.gke.io", "blocked", None, [0, 0, 0]);
+        blocked["state"]["namespace"] = json!("kube-system");
+        blocked["state"]["holder"] = json!("csi-gce-pd-controller-0");
+        blocked["state"]["reason"] =
+            json!("the Lease ... set leaderElection.namespace: kube-system ...");
+        blocked["leaseGuard"] = json!({"state": "blocked", "namespace": "kube-system"});
+        let mut unguarded = entry("nfs.csi.example.com", "leading", Some("h"), [0, 0, 0]);
+        unguarded["leaseGuard"] =
+            json!({"state": "unavailable", "reason": "cannot list Leases in all namespaces"});
+        let table = render_table(&rows(&[blocked, unguarded], None));
+        let cells: Vec<&str> = table
+            .lines()
+            .nth(1)
+            .expect("row")
+            .split_whitespace()
+            .collect();
+        assert_eq!(&cells[..2], ["pd.csi.storage.gke.io", "blocked"]);
+        assert!(
+            table.contains("note: pd.csi.storage.gke.io: blocked: the Lease ... set leaderElection.namespace: kube-system ...\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("note: nfs.csi.example.com: lease guard unavailable: cannot list Leases in all namespaces\n"),
+            "{table}"
+        );
+    }
+
+    #[test]
     fn table_of_no_drivers_says_so_and_long_errors_are_cut() {
         assert_eq!(
             render_table(&[]),
@@ -410,12 +447,20 @@ pub(crate) mod tests {
             queues: [Some(0); 3],
             attachments: None,
             last_error: None,
+            guard_unavailable: None,
         };
         assert!(row("leading", None, true).ready());
         assert!(row("standby", Some("other"), true).ready());
         assert!(!row("standby", None, true).ready());
         assert!(row("standby", None, false).ready());
-        for state in ["connecting", "notReady", "failed", "stopped", "?"] {
+        for state in [
+            "connecting",
+            "notReady",
+            "failed",
+            "blocked",
+            "stopped",
+            "?",
+        ] {
             assert!(!row(state, Some("h"), true).ready(), "{state}");
         }
     }

@@ -8,6 +8,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod apiserver_metrics;
+mod attachers;
 mod cluster;
 mod fixtures;
 mod local;
@@ -16,9 +17,11 @@ mod mock_process;
 mod names;
 mod proc_stats;
 mod process;
+mod vendor;
 mod wait;
 
 pub(crate) use apiserver_metrics::{ApiServerMetrics, RequestKind};
+pub(crate) use attachers::{Attacher, Probe, Program, eventually, free_port, go_duration};
 pub(crate) use cluster::Cluster;
 pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
@@ -32,8 +35,9 @@ pub(crate) use proc_stats::{
     TCP_ESTABLISHED, TcpSocket, cpu_seconds, status_mib, tcp_connections_to, tcp_sockets,
 };
 pub(crate) use process::{
-    ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher,
+    ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher, under_hostname,
 };
+pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, gce_pd_manifests};
 pub(crate) use wait::{WaitError, wait_deleted, wait_for};
 
 /// Default time allowed for a condition that a healthy controller reaches in
