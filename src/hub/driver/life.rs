@@ -59,7 +59,7 @@ impl Driver {
                         std::process::exit(1);
                     }
                     tracing::warn!("lost connection to the CSI driver; reconnecting");
-                    self.info.write().last_error = Some("lost connection to the CSI driver".into());
+                    self.record_error(None, "lost connection to the CSI driver".into());
                     backoff = RESTART_BACKOFF_START;
                 }
                 Outcome::Failed(reason) => {

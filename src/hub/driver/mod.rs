@@ -86,7 +86,22 @@ struct Info {
     capabilities: Option<Capabilities>,
     lease: Option<String>,
     lease_holder: Option<String>,
-    last_error: Option<String>,
+    /// Shown by [`Driver::describe`] as `lastError` and `lastErrorTime`.
+    #[serde(skip)]
+    last_error: Option<LastError>,
+}
+
+/// The last error a driver met, shown in `/drivers` until what caused it is over: a VA's error
+/// until that VA syncs or goes, the driver's own (a lost connection, a failed start) until it
+/// serves again.
+#[derive(Clone, Debug)]
+struct LastError {
+    /// The VolumeAttachment whose sync failed; `None` for the driver itself.
+    key: Option<String>,
+    /// What went wrong.
+    message: String,
+    /// When.
+    at: k8s_openapi::jiff::Timestamp,
 }
 
 /// Which queue a VolumeAttachment key is in.
@@ -216,9 +231,34 @@ impl Driver {
     fn set_state(&self, state: State) {
         if let State::Failed { reason } = &state {
             tracing::warn!(%reason, "driver failed; retrying");
-            self.info.write().last_error = Some(reason.clone());
+            self.record_error(None, reason.clone());
+        }
+        if matches!(state, State::Standby | State::Leading) {
+            self.clear_error(None);
         }
         self.info.write().state = Some(state);
+    }
+
+    /// Records the driver's last error: of the VA `key`, or (`None`) of the driver itself.
+    fn record_error(&self, key: Option<&str>, message: String) {
+        self.info.write().last_error = Some(LastError {
+            key: key.map(str::to_owned),
+            message,
+            at: k8s_openapi::jiff::Timestamp::now(),
+        });
+    }
+
+    /// Clears the last error if it was of the VA `key` (or, for `None`, of the driver itself):
+    /// what caused it is over.
+    fn clear_error(&self, key: Option<&str>) {
+        let mut info = self.info.write();
+        if info
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.key.as_deref() == key)
+        {
+            info.last_error = None;
+        }
     }
 
     /// The `/drivers` entry.
@@ -241,7 +281,8 @@ impl Driver {
                 "detach": { "depth": self.detach_queue.len(), "processing": self.detach_queue.processing_len(), "oldestSeconds": self.detach_queue.oldest_age().map(|d| d.as_secs_f64()) },
                 "pv": { "depth": self.pv_queue.len(), "processing": self.pv_queue.processing_len(), "oldestSeconds": self.pv_queue.oldest_age().map(|d| d.as_secs_f64()) },
             },
-            "lastError": info.last_error,
+            "lastError": info.last_error.as_ref().map(|e| e.message.clone()),
+            "lastErrorTime": info.last_error.as_ref().map(|e| e.at.to_string()),
             "apiBudget": self.budget.read().clone().map(|b| b.status()),
         })
     }
