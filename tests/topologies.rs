@@ -1030,16 +1030,16 @@ fn vendor_chart(ws: &Workspace, vendor: &[Value]) -> PathBuf {
 }
 
 /// `helm template` of `chart` through attacher-hub's post-renderer with `args`: Helm 3 runs
-/// the script, Helm 4 the plugin (`deploy/helm/post-renderer` linked into a plugins directory
+/// the script, Helm 4 the plugin (`deploy/helm-post-renderer` linked into a plugins directory
 /// of the test's own).
 fn post_rendered(ws: &Workspace, helm: &str, chart: &Path, args: &[&str]) -> Vec<Value> {
     let cluster = Cluster::get();
-    let script = repo().join("deploy/helm/post-renderer/attacher-hub-post-renderer");
+    let script = repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer");
     let plugins = ws.dir.path().join("helm-plugins");
     if !plugins.join("attacher-hub-topology").exists() {
         std::fs::create_dir_all(&plugins).expect("plugins directory");
         std::os::unix::fs::symlink(
-            repo().join("deploy/helm/post-renderer"),
+            repo().join("deploy/helm-post-renderer"),
             plugins.join("attacher-hub-topology"),
         )
         .expect("link the plugin");
@@ -1130,7 +1130,7 @@ fn helm_post_renderer_applies_the_topologies_to_a_vendor_chart_with_helm_3_and_4
         cmd.args(["template", "pd"])
             .arg(&chart)
             .arg("--post-renderer")
-            .arg(repo().join("deploy/helm/post-renderer/attacher-hub-post-renderer"))
+            .arg(repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer"))
             .env(
                 "PATH",
                 format!(
