@@ -12,6 +12,7 @@ mod attachers;
 mod cluster;
 mod fixtures;
 mod local;
+mod manifests;
 mod mock_binary;
 mod mock_process;
 mod names;
@@ -28,6 +29,7 @@ pub(crate) use fixtures::{
     is_attached, sanitize_driver_name, va,
 };
 pub(crate) use local::{http_get, http_get_at, repo, tool};
+pub(crate) use manifests::{documents, kind, kubectl, kustomize, name, namespace, run};
 pub(crate) use mock_binary::mock_csi_driver_bin;
 pub(crate) use mock_process::MockProcess;
 pub(crate) use names::{test_name, unique_driver_name, unique_name};
