@@ -18,25 +18,26 @@ cluster_dir() {
 # pid_of DIR NAME -> prints the PID recorded in DIR/NAME.pid if that process is
 # alive and still one we started for DIR (its command line names DIR).
 pid_of() {
-  local dir=$1 name=$2 pid
+  local dir=$1 name=$2 pid cmd
   [ -f "$dir/$name.pid" ] || return 1
   pid=$(cat "$dir/$name.pid")
   [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-  tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF -- "$dir" || return 1
+  # Not `tr | grep -q`: under pipefail, tr's SIGPIPE when grep stops early
+  # would fail the test for a process that matches.
+  cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $cmd == *"$dir"* ]] || return 1
   echo "$pid"
 }
 
-# alive DIR NAME: the process recorded in DIR/NAME.pid runs: pid_of, or, in the
-# instant between the fork and the final exec of a process just started with
-# `setsid ... &`, its still being this shell or setsid (whose command lines
-# lack DIR). On a loaded machine that instant is long enough to be seen.
+# alive DIR NAME: the process recorded in DIR/NAME.pid a moment ago by the
+# caller still runs. For start-up loops only: pid_of's command-line check
+# (against a stale pid file) can fail in the instant between the fork and the
+# exec of a process just started with `setsid ... &`, which on a loaded machine
+# is long enough to be seen.
 alive() {
-  local pid exe
-  pid_of "$1" "$2" >/dev/null && return 0
+  local pid
   pid=$(cat "$1/$2.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  [ "$exe" = "$(readlink -f "$BASH")" ] || [ "${exe##*/}" = setsid ]
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
 }
 
 # cluster_healthy DIR -> 0 if etcd and kube-apiserver run from DIR and the
