@@ -21,8 +21,8 @@ pub trait Status: Send + Sync + 'static {
     /// `None` when the leader-election check is not served (leader election
     /// off, or `--metrics-address` used); otherwise whether it passes.
     fn leader_election_healthy(&self) -> Option<bool>;
-    /// `Ok` when every configured driver is standby or leading; otherwise a
-    /// short text saying which is not.
+    /// `Ok` when the process serves (its caches are synced); otherwise a short
+    /// text saying why not. Never depends on a driver's health.
     fn ready(&self) -> Result<(), String>;
     /// The `/drivers` document.
     fn drivers(&self) -> serde_json::Value;

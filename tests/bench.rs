@@ -21,7 +21,8 @@
 //! * f: idle memory and watches with 5,000 extra VAs and PVs in the cluster.
 //!
 //! Sizes and repeats come from the environment (`BENCH_*`, listed in
-//! [`Knobs::from_env`]); `BENCH_CAP=0` skips e1 and e2.
+//! [`Knobs::from_env`]); `BENCH_CAP=0` skips e1 and e2; `BENCH_HUB_BIN` runs
+//! another build of the hub (e.g. the code before a change).
 
 mod hub;
 mod support;
@@ -614,4 +615,26 @@ fn thresholds_pass_and_fail_on_the_right_side() {
         md.contains("| **b** | hub / fleet | | | **0.90** |"),
         "{md}"
     );
+}
+
+/// The connection count of the report: a process's own established connections to one port.
+#[test]
+fn tcp_connections_to_counts_only_this_process_s_connections_to_the_port() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let me = std::process::id();
+    use support::{tcp_connections_to, tcp_sockets};
+    assert_eq!(tcp_connections_to(me, port), 0);
+    let a = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let b = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    // The accepted ends are ours too, but their remote port is the clients'.
+    let _accepted: Vec<_> = (0..2).map(|_| listener.accept().expect("accept")).collect();
+    assert_eq!(tcp_connections_to(me, port), 2);
+    let sockets = tcp_sockets(me);
+    let ours = sockets
+        .iter()
+        .find(|s| Some(s.local) == a.local_addr().ok())
+        .expect("the connection is listed");
+    assert_eq!(ours.remote, listener.local_addr().expect("address"));
+    drop((a, b));
 }

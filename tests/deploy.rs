@@ -8,7 +8,8 @@
 //!   test-only CRDs in `tests/deploy/monitoring-crds.yaml`);
 //! * the shipped RBAC is exactly what attacher-hub uses: authenticated as the
 //!   shipped ServiceAccount with the shipped RBAC applied, attacher-hub holds
-//!   its Lease and attaches and detaches VolumeAttachments whose PVs carry a
+//!   its Lease, lists the driver's Lease in all namespaces (the cross-namespace
+//!   Lease guard) and attaches and detaches VolumeAttachments whose PVs carry a
 //!   controller-publish secret; with any single verb of any rule removed, it
 //!   does not get there.
 
@@ -28,15 +29,22 @@ use serde_json::{Value, json};
 use tokio::process::Command;
 
 use support::{
-    ChildProcess, Cluster, PvBuilder, create_csinode, create_node, create_va, is_attached,
-    sanitize_driver_name, unique_driver_name, unique_name, wait_deleted, wait_for,
+    ChildProcess, Cluster, PvBuilder, create_csinode, create_node, create_va, documents,
+    is_attached, kind, name, repo, sanitize_driver_name, unique_driver_name, unique_name,
+    wait_deleted, wait_for,
 };
 
 /// The release build, as CI and the Dockerfile's builder stage run it.
 const RELEASE_BUILD: &str = "cargo build --release --locked --bin attacher-hub";
 
 /// The overlays under `deploy/overlays`.
-const OVERLAYS: [&str; 4] = ["sidecar", "hub", "daemonset", "observability"];
+const OVERLAYS: [&str; 5] = [
+    "sidecar",
+    "hub",
+    "daemonset",
+    "controller-pool",
+    "observability",
+];
 
 /// Image name (before the tag) of attacher-hub containers in the overlays.
 const IMAGE: &str = "registry.example.com/attacher-hub";
@@ -48,10 +56,6 @@ const IMAGE_UID: i64 = 65532;
 /// second or two; variants that lack a rule wait this long at the step that
 /// needs it, all in parallel.
 const STEP_TIMEOUT: Duration = Duration::from_secs(25);
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 // === Dockerfile =========================================================
 
@@ -241,21 +245,6 @@ async fn kustomize(cluster: &Cluster, dir: &Path) -> String {
     let (ok, out) = kubectl(cluster, &["kustomize", &dir.to_string_lossy()], None).await;
     assert!(ok, "kubectl kustomize {} failed:\n{out}", dir.display());
     out
-}
-
-/// The objects of a multi-document YAML stream.
-fn documents(yaml: &str) -> Vec<Value> {
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("rendered YAML: {e}"));
-    docs.into_iter().filter(|d| !d.is_null()).collect()
-}
-
-fn kind(obj: &Value) -> &str {
-    obj["kind"].as_str().unwrap_or_default()
-}
-
-fn name(obj: &Value) -> &str {
-    obj["metadata"]["name"].as_str().unwrap_or_default()
 }
 
 fn find<'a>(objs: &'a [Value], k: &str, n: &str) -> &'a Value {
@@ -523,6 +512,8 @@ async fn dockerfile_and_manifests_agree() {
         assert_eq!(&labels[k], v, "the PDB selects the hub pods");
     }
     assert_eq!(pdb["spec"]["minAvailable"], 1);
+    // A replica that is not Ready serves nothing; evicting it never waits for the budget.
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     let anti = &pod["affinity"]["podAntiAffinity"];
     assert!(
         anti["preferredDuringSchedulingIgnoredDuringExecution"].is_array()
@@ -637,9 +628,9 @@ async fn every_overlay_renders_and_passes_a_server_side_dry_run() {
 
 // === RBAC: exactly the verbs attacher-hub uses ==============================
 
-/// The base RBAC plus the publish-secrets component, rendered through a
-/// kustomization next to copies of the two directories (kustomize refuses
-/// absolute paths, and the target directory may be anywhere).
+/// The base RBAC plus the publish-secrets and lease-guard components, rendered
+/// through a kustomization next to copies of the directories (kustomize
+/// refuses absolute paths, and the target directory may be anywhere).
 async fn render_shipped_rbac(cluster: &Cluster) -> Vec<Value> {
     fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).expect("create directory");
@@ -657,14 +648,18 @@ async fn render_shipped_rbac(cluster: &Cluster) -> Vec<Value> {
         .prefix("ah-rbac-render-")
         .tempdir()
         .expect("temporary kustomization directory");
-    for part in ["deploy/base/rbac", "deploy/components/publish-secrets"] {
+    for part in [
+        "deploy/base/rbac",
+        "deploy/components/publish-secrets",
+        "deploy/components/lease-guard",
+    ] {
         copy_dir(&repo().join(part), &dir.path().join(part));
     }
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
          resources:\n  - deploy/base/rbac\n\
-         components:\n  - deploy/components/publish-secrets\n",
+         components:\n  - deploy/components/publish-secrets\n  - deploy/components/lease-guard\n",
     )
     .expect("write kustomization");
     documents(&kustomize(cluster, dir.path()).await)
@@ -1001,6 +996,13 @@ async fn rbac_scenario(cluster: &Cluster, shipped: &[Value], removed: Option<Gra
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        // The cross-namespace Lease guard listed the driver's Lease in all namespaces.
+        hub.wait_for_output("no other namespace holds the Lease", 1, STEP_TIMEOUT)
+            .await
+            .map_err(|why| Outcome::Failed {
+                step: "list Leases in all namespaces (the Lease guard)",
+                why,
+            })?;
         for va in [&va1, &va2] {
             vas.delete(va, &DeleteParams::default())
                 .await

@@ -35,12 +35,13 @@ use kube::api::PostParams;
 use tokio::sync::Semaphore;
 
 use kit::fhub::{FHub, HubSpec, Timings, processing};
+use kit::fleet::{GoSidecar, LeaseLedger};
 use kit::netns::NetNs;
 use kit::plane::{Component, Plane, wait_api};
 use kit::proxy::Proxy;
 use kit::world::{Mock, World, api_addr, kubeconfig_via};
 use kit::{LeaderSampler, Report, known, secs};
-use support::{Cluster, unique_driver_name, unique_name};
+use support::{Cluster, sanitize_driver_name, unique_driver_name, unique_name};
 
 /// Bound for a world to converge after a fault ends (the Go attacher needs
 /// seconds; the bound only keeps a stuck hub from stalling the suite).
@@ -393,6 +394,297 @@ async fn silent_partition_kills_connections() {
         "silent_partition_kills_connections",
         silent_partition("silent_partition_kills_connections", true),
     )
+    .await;
+}
+
+/// Drivers per side in [`stalled_connections_hub_against_go`].
+const STALL_DRIVERS: usize = 3;
+/// VAs created per side while the connections are frozen.
+const STALL_VAS: usize = 6;
+/// How much later than the Go sidecars the hub may heal, each figure, and
+/// still pass: two seconds is a client-go retry period's jitter and less
+/// than half the Go sidecars' own spread between runs.
+const STALL_TOLERANCE: Duration = Duration::from_secs(2);
+/// The hub heals within this of the network's return, whatever the Go
+/// sidecars do.
+const STALL_BOUND: Duration = Duration::from_secs(30);
+/// Writes into frozen connections are counted over this window from the
+/// network's return.
+const STALL_WRITE_WINDOW: Duration = Duration::from_secs(30);
+
+/// The moment `what` happened, as seconds after `t0`, if it did.
+fn after(t0: Instant, at: Option<Instant>) -> Option<Duration> {
+    at.map(|at| at.saturating_duration_since(t0))
+}
+
+/// First and last attach of `vas` (seen by the ledger) after `t0`.
+fn attach_span(world: &World, vas: &[String], t0: Instant) -> (Option<Duration>, Option<Duration>) {
+    let times: Vec<Instant> = vas
+        .iter()
+        .filter_map(|v| world.ledger.life(v).attached_at)
+        .collect();
+    let all = times.len() == vas.len();
+    (
+        after(t0, times.iter().min().copied()),
+        after(t0, times.iter().max().copied().filter(|_| all)),
+    )
+}
+
+/// What was sent into frozen connections since `before` (per client
+/// address): bytes of data, connections that got any, and connections the
+/// client closed meanwhile.
+fn dead_writes(
+    proxies: &[&Proxy],
+    before: &[Vec<(std::net::SocketAddr, u64, bool)>],
+) -> (u64, usize, usize) {
+    let (mut bytes, mut written, mut closed) = (0, 0, 0);
+    for (proxy, before) in proxies.iter().zip(before) {
+        for (peer, now, is_closed) in proxy.frozen_unread() {
+            let (was, was_closed) = before
+                .iter()
+                .find(|(p, ..)| *p == peer)
+                .map_or((0, false), |(_, b, c)| (*b, *c));
+            let grew = now.saturating_sub(was);
+            bytes += grew;
+            written += usize::from(grew > 0);
+            closed += usize::from(is_closed && !was_closed);
+        }
+    }
+    (bytes, written, closed)
+}
+
+/// Records `hub` against `go` (seconds after the return) as figures, and a
+/// violation when the hub is later than the Go sidecars by more than
+/// [`STALL_TOLERANCE`] or later than [`STALL_BOUND`].
+fn compare(report: &mut Report, what: &str, hub: Option<Duration>, go: Option<Duration>) {
+    let show = |d: Option<Duration>| d.map_or("none".to_string(), secs);
+    report.figure(&format!("hub_{what}_s"), show(hub));
+    report.figure(&format!("go_{what}_s"), show(go));
+    match (hub, go) {
+        (None, _) => report.violation(format!("hub: {what} did not happen")),
+        (Some(h), _) if h > STALL_BOUND => report.violation(format!(
+            "hub: {what} {} s after the return (bound {} s)",
+            secs(h),
+            STALL_BOUND.as_secs()
+        )),
+        (Some(h), Some(g)) if h > g + STALL_TOLERANCE => report.violation(format!(
+            "hub: {what} {} s after the return, the Go sidecars {} s (tolerance {} s)",
+            secs(h),
+            secs(g),
+            STALL_TOLERANCE.as_secs()
+        )),
+        _ => {}
+    }
+}
+
+/// The fault of issue 17: a proxy that, for 20 s, moves no byte in either
+/// direction while keeping both sockets open (the kernels keep ACKing, so
+/// TCP keepalive and `TCP_USER_TIMEOUT` see nothing), then forwards new
+/// connections again while the frozen ones stay frozen for good. The hub
+/// (hub mode, three drivers, leader election with client-go's timings, its
+/// presence Lease) and three Go external-attachers (one per driver, same
+/// flags, restarted a second after each exit as the kubelet would), each
+/// behind such a proxy, in the same run. Measured from the network's
+/// return, per side: first and last attach of the VAs created during the
+/// fault (watches and writes resumed), the first write, all driver Leases
+/// written again, the hub's presence Lease; and the bytes written into
+/// frozen connections after the return. The hub must heal no later than the
+/// Go sidecars ([`STALL_TOLERANCE`]) and within [`STALL_BOUND`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "make faults: a 20 s frozen-connection fault, the hub against three Go sidecars (~2 min)"]
+async fn stalled_connections_hub_against_go() {
+    known::gate("stalled_connections_hub_against_go", async {
+        let _alone = ALONE.acquire().await.unwrap();
+        let name = "stalled_connections_hub_against_go";
+        let cluster = Cluster::get();
+        let mut report = Report::new(name);
+        let mut mocks = Vec::new();
+        for side in ["sh", "sg"] {
+            for i in 0..STALL_DRIVERS {
+                mocks.push(Mock::in_process(&unique_driver_name(&format!("{side}{i}")), 100).await);
+            }
+        }
+        let world = World::new(cluster, "stalled", mocks).await;
+        let hub_idx: Vec<usize> = (0..STALL_DRIVERS).collect();
+        let go_idx: Vec<usize> = (STALL_DRIVERS..2 * STALL_DRIVERS).collect();
+        world.write_config(&hub_idx);
+        let names = world.driver_names();
+        let lease_of = |d: &String| format!("external-attacher-leader-{}", sanitize_driver_name(d));
+        let hub_leases: Vec<String> = names[..STALL_DRIVERS].iter().map(lease_of).collect();
+        let go_leases: Vec<String> = names[STALL_DRIVERS..].iter().map(lease_of).collect();
+        let leases = LeaseLedger::start(&world.client, &world.namespace).await;
+        let t_start = Instant::now();
+
+        // The hub and the Go sidecars, each behind a proxy of its own.
+        let api = api_addr(&cluster.kubeconfig);
+        let dir = tempfile::Builder::new()
+            .prefix("ahf-stall-")
+            .tempdir()
+            .expect("temp dir");
+        let hub_proxy = Proxy::start("127.0.0.1:0".parse().unwrap(), api).await;
+        let kubeconfig = kubeconfig_via(
+            &cluster.kubeconfig,
+            &format!("https://{}", hub_proxy.addr()),
+            dir.path(),
+        );
+        let mut hub = FHub::start(
+            HubSpec::new(name, &kubeconfig)
+                .config(&world.config)
+                .leader_election(&world.namespace, Timings::DEFAULT)
+                .hostname(&unique_name("stall-hub")),
+        )
+        .await;
+        let mut gos = Vec::new();
+        for &i in &go_idx {
+            let mock = &world.mocks[i];
+            gos.push(
+                GoSidecar::start(
+                    cluster,
+                    api,
+                    &mock.name,
+                    &mock.socket,
+                    &world.namespace,
+                    Timings::DEFAULT,
+                )
+                .await,
+            );
+        }
+        if let Err(e) = hub
+            .wait_leading(&names[..STALL_DRIVERS], Duration::from_secs(60))
+            .await
+        {
+            report.violation(format!("before the fault: {e}"));
+        }
+        report.check(
+            "before the fault, the Go sidecars' Leases",
+            leases
+                .wait_held_after(&go_leases, t_start, Duration::from_secs(60))
+                .await,
+        );
+        let base_hub = world.create_vas_on(STALL_DRIVERS, "base", &hub_idx).await;
+        let base_go = world.create_vas_on(STALL_DRIVERS, "base", &go_idx).await;
+        report.check(
+            "baseline attach, hub",
+            world.ledger.wait_attached(&base_hub, SETTLE).await,
+        );
+        report.check(
+            "baseline attach, Go",
+            world.ledger.wait_attached(&base_go, SETTLE).await,
+        );
+        let presence: Vec<String> = leases.names("attacher-hub-replica-");
+        if presence.len() != 1 {
+            report.violation(format!("expected one presence Lease, saw {presence:?}"));
+        }
+
+        // The fault: every connection frozen for good; 20 s later new ones pass.
+        let proxies: Vec<&Proxy> = std::iter::once(&hub_proxy)
+            .chain(gos.iter().map(|g| &g.proxy))
+            .collect();
+        for p in &proxies {
+            p.freeze_all();
+        }
+        let t_fault = Instant::now();
+        let during_hub = world.create_vas_on(STALL_VAS, "during", &hub_idx).await;
+        let during_go = world.create_vas_on(STALL_VAS, "during", &go_idx).await;
+        tokio::time::sleep(FAULT_LENGTH.saturating_sub(t_fault.elapsed())).await;
+        let unread_at_return: Vec<_> = proxies.iter().map(|p| p.frozen_unread()).collect();
+        for p in &proxies {
+            p.thaw_new();
+        }
+        let t0 = Instant::now();
+        report.figure(
+            "frozen_connections",
+            format!(
+                "{}/{}",
+                hub_proxy.frozen_clients().len(),
+                gos.iter()
+                    .map(|g| g.proxy.frozen_clients().len())
+                    .sum::<usize>()
+            ),
+        );
+
+        // Healing, both sides at once.
+        let (hub_attached, go_attached, hub_leased, go_leased, presence_renewed) = tokio::join!(
+            world.ledger.wait_attached(&during_hub, SETTLE),
+            world.ledger.wait_attached(&during_go, SETTLE),
+            leases.wait_held_after(&hub_leases, t0, SETTLE),
+            leases.wait_held_after(&go_leases, t0, SETTLE),
+            leases.wait_held_after(&presence, t0, SETTLE),
+        );
+        let (hub_first, hub_last) = attach_span(&world, &during_hub, t0);
+        let (go_first, go_last) = attach_span(&world, &during_go, t0);
+        compare(&mut report, "first_attach", hub_first, go_first);
+        compare(&mut report, "last_attach", hub_last, go_last);
+        let go_leased = go_leased.ok();
+        compare(&mut report, "leases", hub_leased.ok(), go_leased);
+        compare(&mut report, "presence", presence_renewed.ok(), go_leased);
+        let first_write = |leases_of: &[String], first_attach: Option<Duration>| {
+            leases_of
+                .iter()
+                .filter_map(|n| after(t0, leases.held_after(n, t0)))
+                .chain(first_attach)
+                .min()
+        };
+        let hub_writes: Vec<String> = hub_leases.iter().chain(&presence).cloned().collect();
+        compare(
+            &mut report,
+            "first_write",
+            first_write(&hub_writes, hub_first),
+            first_write(&go_leases, go_first),
+        );
+        for (side, attached) in [("hub", hub_attached), ("Go", go_attached)] {
+            report.check(&format!("{side}: VAs created during the fault"), attached);
+        }
+
+        // Writes into the frozen connections after the return.
+        tokio::time::sleep_until((t0 + STALL_WRITE_WINDOW).into()).await;
+        for (side, range) in [("hub", 0..1), ("go", 1..proxies.len())] {
+            let (bytes, written, closed) =
+                dead_writes(&proxies[range.clone()], &unread_at_return[range]);
+            report.figure(&format!("{side}_dead_written_bytes"), bytes);
+            report.figure(&format!("{side}_dead_written_conns"), written);
+            report.figure(&format!("{side}_dead_closed_conns"), closed);
+        }
+        report.figure(
+            "go_restarts",
+            gos.iter().map(|g| g.exits().len()).sum::<usize>(),
+        );
+        if let Ok((200, metrics)) = kit::fhub::http_get(hub.http, "/metrics").await {
+            for (label, metric) in [
+                (
+                    "hub_dead_connections",
+                    "attacher_hub_api_connections_dead_total",
+                ),
+                ("hub_dials", "attacher_hub_api_connection_dials_total"),
+            ] {
+                if let Some(n) = kit::fhub::metric_sum(&metrics, metric, &[]) {
+                    report.figure(label, n);
+                }
+            }
+        }
+
+        // The usual invariants, with the Go sidecars still serving their drivers.
+        let settle = if report.failed() {
+            AFTER_FAILURE
+        } else {
+            SETTLE
+        };
+        report.violations(world.check(&[&hub], settle).await);
+        let cleanup = if report.failed() {
+            AFTER_FAILURE
+        } else {
+            CLEANUP
+        };
+        report.violations(world.finish(cleanup).await);
+        report.memory(&hub);
+        if let Err(e) = hub.terminate(STOP).await {
+            report.violation(e);
+        }
+        for g in &mut gos {
+            g.stop().await;
+        }
+        report.finish();
+    })
     .await;
 }
 

@@ -2,7 +2,12 @@
 //! `tools/testbins/helm`):
 //!
 //! * `helm lint --strict` and `helm template` pass for each shape (sidecar,
-//!   hub, daemonset) with the chart's `ci/*-values.yaml`;
+//!   hub, daemonset, and the daemonset of the controller node pool) with the
+//!   chart's `ci/*-values.yaml`, and `lint`, `template`, `install --dry-run`
+//!   and `package` pass with no values file at all;
+//! * the conventional values of CSI driver charts (`replicaCount`,
+//!   `resources`, `extraVolumeMounts`, `serviceMonitor.enabled`, ...) reach
+//!   the objects of every shape, and NOTES.txt names kubectl commands only;
 //! * the chart and the kustomize overlays render the same objects for the same
 //!   settings (normalized: Helm's own labels and the release label dropped,
 //!   embedded YAML compared parsed), for the overlays as shipped and for
@@ -21,17 +26,18 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::{Value, json};
 
-use support::Cluster;
+use support::{Cluster, documents, kind, kubectl, kustomize, name, repo, run};
 
 /// The chart, relative to the repository.
 const CHART: &str = "deploy/helm/attacher-hub";
 
-/// The shapes and their example values (`ci/<shape>-values.yaml`).
-const SHAPES: [&str; 3] = ["sidecar", "hub", "daemonset"];
+/// The shapes and their example values (`ci/<shape>-values.yaml`);
+/// `controller-pool` is the daemonset shape of topology (b).
+const SHAPES: [&str; 4] = ["sidecar", "hub", "daemonset", "controller-pool"];
 
 /// The Helm binaries of `tools/testbins/helm`: v4 and v3.
 const HELMS: [&str; 2] = ["helm", "helm3"];
@@ -50,49 +56,13 @@ const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 /// Every option the chart has beyond the overlays' defaults, for the dry runs.
 const EVERYTHING_ON: [&str; 4] = [
     "rbac.publishSecrets=true",
-    "metrics.serviceMonitor.enabled=true",
-    "metrics.prometheusRule.enabled=true",
-    "metrics.dashboard.enabled=true",
+    "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "dashboard.enabled=true",
 ];
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn chart() -> PathBuf {
     repo().join(CHART)
-}
-
-/// Runs a command; returns (success, stdout, stderr).
-fn run(mut cmd: Command, stdin: Option<&str>) -> (bool, String, String) {
-    use std::io::Write as _;
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()));
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(input.as_bytes()).expect("write stdin");
-    }
-    let out = child.wait_with_output().expect("wait for the command");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The objects of a multi-document YAML stream.
-fn documents(yaml: &str) -> Vec<Value> {
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{yaml}"));
-    docs.into_iter().filter(|d| !d.is_null()).collect()
 }
 
 /// `helm template attacher-hub <chart> -n <namespace> -f <values>... --set <set>...`.
@@ -113,16 +83,6 @@ fn helm_template(helm: &str, namespace: &str, values: &[&str], set: &[&str]) -> 
         ok,
         "{helm} template -n {namespace} {values:?} {set:?} failed:\n{err}"
     );
-    out
-}
-
-/// `kubectl kustomize <dir>`.
-fn kustomize(dir: &Path) -> String {
-    let cluster = Cluster::get();
-    let mut cmd = Command::new(cluster.bin("kubectl"));
-    cmd.arg("kustomize").arg(dir);
-    let (ok, out, err) = run(cmd, None);
-    assert!(ok, "kubectl kustomize {} failed:\n{err}", dir.display());
     out
 }
 
@@ -152,7 +112,7 @@ fn chart_lints_and_renders_each_shape_with_helm_4_and_3() {
             let objs = documents(&helm_template(helm, "attacher-hub", &[&values], &[]));
             let kinds: BTreeSet<&str> = objs.iter().map(kind).collect();
             let workload = match shape {
-                "daemonset" => "DaemonSet",
+                "daemonset" | "controller-pool" => "DaemonSet",
                 _ => "Deployment",
             };
             assert!(
@@ -164,14 +124,6 @@ fn chart_lints_and_renders_each_shape_with_helm_4_and_3() {
 }
 
 // === the chart and the overlays agree ======================================
-
-fn kind(obj: &Value) -> &str {
-    obj["kind"].as_str().unwrap_or_default()
-}
-
-fn name(obj: &Value) -> &str {
-    obj["metadata"]["name"].as_str().unwrap_or_default()
-}
 
 /// `kind namespace/name` of an object.
 fn key(obj: &Value) -> String {
@@ -372,6 +324,7 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
         ("sidecar", "example-csi"),
         ("hub", "attacher-hub"),
         ("daemonset", "attacher-hub"),
+        ("controller-pool", "attacher-hub"),
     ] {
         let chart = helm_template("helm", namespace, &[&values_file(shape)], &[]);
         let overlay = kustomize(&repo().join("deploy/overlays").join(shape));
@@ -450,15 +403,6 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
 
 // === server-side dry run ====================================================
 
-fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    let cluster = Cluster::get();
-    let mut cmd = Command::new(cluster.bin("kubectl"));
-    cmd.arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
-        .args(args);
-    let (ok, out, err) = run(cmd, stdin);
-    (ok, format!("{out}{err}"))
-}
-
 #[test]
 fn every_shape_passes_a_server_side_dry_run() {
     let cluster = Cluster::get();
@@ -529,6 +473,209 @@ fn every_shape_passes_a_server_side_dry_run() {
     assert!(ok, "deleting namespace {namespace}: {out}");
 }
 
+// === no values file, conventional values, NOTES ============================
+
+/// The NOTES of `helm install --dry-run=server` of the chart with `args`.
+fn dry_run_install(helm: &str, namespace: &str, args: &[&str]) -> String {
+    let cluster = Cluster::get();
+    let mut cmd = Command::new(cluster.bin(helm));
+    cmd.args(["install", "attacher-hub"])
+        .arg(chart())
+        .args(["--namespace", namespace, "--dry-run=server"])
+        .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+        .args(args);
+    let (ok, out, err) = run(cmd, None);
+    assert!(
+        ok && out.contains("STATUS: pending-install"),
+        "{helm} install --dry-run=server {args:?}:\n{out}{err}"
+    );
+    let notes = out
+        .split_once("NOTES:")
+        .map(|(_, n)| n.to_string())
+        .unwrap_or_else(|| panic!("{helm} install {args:?} printed no NOTES:\n{out}"));
+    // Every command NOTES tells the user to run is a kubectl command (an indented line
+    // that starts with a lower-case word; the sidecar shape also prints a container).
+    for line in notes.lines().filter(|l| l.starts_with("  ")) {
+        let first = line.split_whitespace().next().unwrap_or_default();
+        if ["attacher-hub", "helm", "curl"].contains(&first) {
+            panic!("{helm} {args:?}: NOTES tell to run `{line}`; only kubectl is assumed");
+        }
+    }
+    assert!(
+        notes.contains("kubectl -n ") && notes.contains("kubectl get lease -A"),
+        "{helm} {args:?}: NOTES name the kubectl commands to check the release:\n{notes}"
+    );
+    notes
+}
+
+#[test]
+fn chart_lints_templates_installs_and_packages_with_no_values_file() {
+    let cluster = Cluster::get();
+    let namespace = format!("ah-helm-defaults-{}", std::process::id());
+    let (ok, out) = kubectl(&["create", "namespace", &namespace], None);
+    assert!(ok, "creating namespace {namespace}: {out}");
+    for helm in HELMS {
+        let mut cmd = Command::new(cluster.bin(helm));
+        cmd.args(["lint", "--strict"]).arg(chart());
+        let (ok, out, err) = run(cmd, None);
+        assert!(
+            ok && out.contains("0 chart(s) failed") && !out.contains("[WARNING]"),
+            "{helm} lint --strict with no values file:\n{out}{err}"
+        );
+
+        let objs = documents(&helm_template(helm, &namespace, &[], &[]));
+        let kinds: BTreeSet<&str> = objs.iter().map(kind).collect();
+        assert!(
+            kinds.contains("DaemonSet") && kinds.contains("ClusterRole"),
+            "{helm}: the defaults render the daemonset shape: {kinds:?}"
+        );
+
+        let notes = dry_run_install(helm, &namespace, &[]);
+        assert!(
+            notes.contains("kubectl label node <node> attacher-hub.example.com/pool=storage"),
+            "{helm}: NOTES of the defaults say how nodes join the pool:\n{notes}"
+        );
+
+        let dir = tempfile::Builder::new()
+            .prefix("ah-helm-package-")
+            .tempdir()
+            .expect("temporary directory");
+        let mut cmd = Command::new(cluster.bin(helm));
+        cmd.arg("package").arg(chart()).arg("-d").arg(dir.path());
+        let (ok, out, err) = run(cmd, None);
+        assert!(ok, "{helm} package with no values file:\n{out}{err}");
+        let package = dir
+            .path()
+            .join(format!("attacher-hub-{}.tgz", env!("CARGO_PKG_VERSION")));
+        let mut cmd = Command::new(cluster.bin(helm));
+        cmd.args(["lint", "--strict"]).arg(&package);
+        let (ok, out, err) = run(cmd, None);
+        assert!(ok, "{helm} lint of the package:\n{out}{err}");
+    }
+    // Each shape's NOTES, too.
+    for shape in SHAPES {
+        let values = chart().join(values_file(shape));
+        let values = values.to_string_lossy();
+        dry_run_install("helm", &namespace, &["-f", &values]);
+    }
+    let (ok, out) = kubectl(&["delete", "namespace", &namespace, "--wait=false"], None);
+    assert!(ok, "deleting namespace {namespace}: {out}");
+}
+
+/// The attacher-hub container of a rendered workload (its image is the chart's).
+fn hub_container(workload: &Value) -> &Value {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| {
+            cs.iter().find(|c| {
+                c["image"]
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("registry.example.com/attacher-hub"))
+            })
+        })
+        .unwrap_or_else(|| panic!("no attacher-hub container in {}", name(workload)))
+}
+
+#[test]
+fn conventional_values_of_csi_driver_charts_reach_every_shape() {
+    let set = [
+        "replicaCount=3",
+        "resources.requests.cpu=5m",
+        "resources.limits.memory=1Gi",
+        "image.pullPolicy=Always",
+        "imagePullSecrets[0].name=regcred",
+        "podAnnotations.example\\.com/owner=storage",
+        "podLabels.team=storage",
+        "priorityClassName=system-cluster-critical",
+        "nodeSelector.disk=ssd",
+        "tolerations[0].key=storage",
+        "tolerations[0].operator=Exists",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=disk",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        "extraArgs[0]=--kube-api-qps=20",
+        "extraEnv[0].name=EXTRA",
+        "extraEnv[0].value=yes",
+        "extraVolumes[0].name=extra",
+        "extraVolumes[0].emptyDir.medium=Memory",
+        "extraVolumeMounts[0].name=extra",
+        "extraVolumeMounts[0].mountPath=/extra",
+        "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+    ];
+    for helm in HELMS {
+        for shape in SHAPES {
+            let objs = documents(&helm_template(
+                helm,
+                "attacher-hub",
+                &[&values_file(shape)],
+                &set,
+            ));
+            let what = format!("{helm}, {shape}");
+            let workload = objs
+                .iter()
+                .find(|o| kind(o) == "Deployment" || kind(o) == "DaemonSet")
+                .unwrap_or_else(|| panic!("{what}: no workload"));
+            if kind(workload) == "Deployment" {
+                assert_eq!(workload["spec"]["replicas"], 3, "{what}: replicaCount");
+            }
+            let pod = &workload["spec"]["template"];
+            assert_eq!(
+                pod["metadata"]["annotations"]["example.com/owner"], "storage",
+                "{what}"
+            );
+            assert_eq!(pod["metadata"]["labels"]["team"], "storage", "{what}");
+            let spec = &pod["spec"];
+            assert_eq!(
+                spec["priorityClassName"], "system-cluster-critical",
+                "{what}"
+            );
+            assert_eq!(spec["imagePullSecrets"][0]["name"], "regcred", "{what}");
+            assert_eq!(spec["nodeSelector"]["disk"], "ssd", "{what}");
+            assert_eq!(spec["tolerations"][0]["key"], "storage", "{what}");
+            assert!(
+                spec["affinity"]["nodeAffinity"].is_object(),
+                "{what}: affinity"
+            );
+            assert!(
+                spec["volumes"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v["name"] == "extra")),
+                "{what}: extraVolumes"
+            );
+            let c = hub_container(workload);
+            assert_eq!(c["imagePullPolicy"], "Always", "{what}");
+            assert_eq!(
+                c["resources"],
+                json!({"requests": {"cpu": "5m"}, "limits": {"memory": "1Gi"}}),
+                "{what}: resources"
+            );
+            assert!(
+                c["args"]
+                    .as_array()
+                    .is_some_and(|a| a.contains(&json!("--kube-api-qps=20"))),
+                "{what}: extraArgs"
+            );
+            assert!(
+                c["env"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|e| e["name"] == "EXTRA")),
+                "{what}: extraEnv"
+            );
+            assert!(
+                c["volumeMounts"].as_array().is_some_and(|m| m
+                    .iter()
+                    .any(|m| m["name"] == "extra" && m["mountPath"] == "/extra")),
+                "{what}: extraVolumeMounts"
+            );
+            let kinds: BTreeSet<&str> = objs.iter().map(kind).collect();
+            assert!(
+                kinds.contains("ServiceMonitor") && kinds.contains("PrometheusRule"),
+                "{what}: {kinds:?}"
+            );
+        }
+    }
+}
+
 // === values validation ======================================================
 
 #[test]
@@ -538,7 +685,7 @@ fn values_schema_refuses_bad_values_naming_the_key() {
     let cases: [(&str, &[&str], &str); 9] = [
         ("hub", &["mode=hubb"], "/mode"),
         ("hub", &["hub.replica=3"], "replica"),
-        ("hub", &["hub.replicas=-1"], "/hub/replicas"),
+        ("hub", &["replicaCount=-1"], "/replicaCount"),
         (
             "hub",
             &["hub.drivers[0].address=csi.sock"],
@@ -556,11 +703,7 @@ fn values_schema_refuses_bad_values_naming_the_key() {
             "kubeletPluginsDir",
         ),
         ("sidecar", &["image.digest=latest"], "/image/digest"),
-        (
-            "sidecar",
-            &["metrics.serviceMonitor.interval=30"],
-            "interval",
-        ),
+        ("sidecar", &["serviceMonitor.interval=30"], "interval"),
     ];
     for helm in HELMS {
         for (shape, set, needle) in cases {
@@ -579,13 +722,15 @@ fn values_schema_refuses_bad_values_naming_the_key() {
                 "{helm}: {shape} with {set:?}: the error does not name {needle}:\n{err}"
             );
         }
-        // The default values name no drivers: the hub shape needs one.
+        // The hub shape names its drivers: without any it is refused naming hub.drivers.
         let mut cmd = Command::new(cluster.bin(helm));
-        cmd.args(["template", "attacher-hub"]).arg(chart());
+        cmd.args(["template", "attacher-hub"])
+            .arg(chart())
+            .args(["--set", "mode=hub"]);
         let (ok, _, err) = run(cmd, None);
         assert!(
             !ok && err.contains("/hub/drivers"),
-            "{helm}: the defaults (hub, no drivers) must be refused naming hub.drivers:\n{err}"
+            "{helm}: the hub shape without drivers must be refused naming hub.drivers:\n{err}"
         );
     }
 }
@@ -669,7 +814,7 @@ fn every_value_is_documented_and_the_chart_installs_this_version() {
     let undocumented: Vec<&String> = paths
         .iter()
         .filter(|p| !p.starts_with("daemonset.nodeSelector.") && !p.contains("resources."))
-        .filter(|p| !p.starts_with("metrics.dashboard.labels."))
+        .filter(|p| !p.starts_with("dashboard.labels."))
         .filter(|p| !readme.contains(&format!("`{p}`")))
         .collect();
     assert!(

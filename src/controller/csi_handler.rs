@@ -7,10 +7,7 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::{
-    api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment},
-    apimachinery::pkg::apis::meta::v1::Time,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use parking_lot::Mutex;
 
@@ -22,7 +19,12 @@ use super::{
 };
 use crate::{
     csi::{self, Capabilities, DriverClient, PublishRequest, Secrets, UnpublishRequest},
-    k8s::{self, stores::Stores, writer::Writer},
+    k8s::{
+        self,
+        lean::{Pv, Va},
+        stores::Stores,
+        writer::Writer,
+    },
 };
 
 /// Settings of the CSI handler.
@@ -96,13 +98,13 @@ impl CsiHandler {
     /// Whether `va` is a cached copy older than our own `attached: true`
     /// write: its sync must wait for the echo, not publish again. Once the
     /// cache has caught up the memory is dropped.
-    fn awaiting_echo(&self, va: &VolumeAttachment) -> bool {
+    fn awaiting_echo(&self, va: &Va) -> bool {
         let name = va.metadata.name.as_deref().unwrap_or_default();
         let mut attached = self.attached.lock();
         let Some((uid, written)) = attached.get(name) else {
             return false;
         };
-        if va.metadata.uid.as_ref() != Some(uid) {
+        if va.metadata.uid.as_deref() != Some(uid.as_str()) {
             // A new VA with the same name.
             attached.remove(name);
             return false;
@@ -125,11 +127,11 @@ impl CsiHandler {
     }
 
     /// `syncAttach` (spec 3.5).
-    pub async fn sync_attach(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
+    pub async fn sync_attach(&self, va: &Va) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
         if !forced {
-            if va.status.as_ref().is_some_and(|s| s.attached) {
+            if va.status.attached {
                 return Ok(Synced::Unchanged);
             }
             if self.awaiting_echo(va) {
@@ -152,13 +154,13 @@ impl CsiHandler {
                     .merge_va_status(&name, &patch)
                     .await
                     .map_err(|e| Error::MarkAttached(k8s::error_text(&e)))?;
-                let uid = va.metadata.uid.clone().unwrap_or_default();
+                let uid = va.metadata.uid.as_deref().unwrap_or_default().to_owned();
                 let rv = written.metadata.resource_version.unwrap_or_default();
                 self.attached.lock().insert(name, (uid, rv));
                 tracing::info!("attached");
                 // A forced sync of a VA that was attached already re-publishes; it is not a
                 // new attach.
-                let was_attached = va.status.as_ref().is_some_and(|s| s.attached);
+                let was_attached = va.status.attached;
                 Ok(if was_attached {
                     Synced::Unchanged
                 } else {
@@ -180,7 +182,7 @@ impl CsiHandler {
         }
     }
 
-    async fn csi_attach(&self, va: &VolumeAttachment) -> Result<HashMap<String, String>, Error> {
+    async fn csi_attach(&self, va: &Va) -> Result<HashMap<String, String>, Error> {
         let volume = match source::va_source(va)? {
             Source::PersistentVolume(pv_name) => {
                 let pv = self
@@ -235,16 +237,37 @@ impl CsiHandler {
         Ok(self.client.publish(request, self.config.timeout).await?)
     }
 
-    async fn ensure_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), Error> {
+    /// Adds our finalizer to the PV (spec 3.5 step 1). The JSON Patch is built from the cached
+    /// copy, with a `test` of the list it replaces; when the cache is behind (our own earlier
+    /// add has not come back through the watch yet, or another controller changed the list),
+    /// the API server refuses it with 422, and the patch is built once more from a live read,
+    /// instead of failing the attach until the watch catches up.
+    async fn ensure_pv_finalizer(&self, pv: &Pv) -> Result<(), Error> {
         let Some(patch) = patches::pv_finalizer_add_patch(pv, &self.driver) else {
             return Ok(());
         };
         let name = pv.metadata.name.as_deref().unwrap_or_default();
-        self.writer
-            .json_patch_pv(name, patch)
-            .await
-            .map_err(|e| Error::PvFinalizer(k8s::error_text(&e)))?;
-        Ok(())
+        let fail = |e: kube::Error| Error::PvFinalizer(k8s::error_text(&e));
+        match self.writer.json_patch_pv(name, patch).await {
+            Ok(_) => Ok(()),
+            Err(e) if k8s::is_unprocessable(&e) => {
+                tracing::debug!(
+                    pv = name,
+                    "cached PersistentVolume is stale; adding the finalizer to a live copy"
+                );
+                let live = Pv::from(self.writer.get_pv(name).await.map_err(fail)?);
+                match patches::pv_finalizer_add_patch(&live, &self.driver) {
+                    None => Ok(()),
+                    Some(patch) => self
+                        .writer
+                        .json_patch_pv(name, patch)
+                        .await
+                        .map(drop)
+                        .map_err(fail),
+                }
+            }
+            Err(e) => Err(fail(e)),
+        }
     }
 
     async fn secrets(
@@ -265,7 +288,7 @@ impl CsiHandler {
     }
 
     /// `syncDetach` (spec 3.6).
-    pub async fn sync_detach(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
+    pub async fn sync_detach(&self, va: &Va) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
         let finalizer = crate::names::finalizer_name(&self.driver);
@@ -295,7 +318,7 @@ impl CsiHandler {
         result.map(|()| Synced::Detached)
     }
 
-    async fn csi_detach(&self, va: &VolumeAttachment) -> Result<(), Error> {
+    async fn csi_detach(&self, va: &Va) -> Result<(), Error> {
         let volume = source::volume_source(va, |n| self.stores.pv(n))?;
         let csi_source = volume.csi()?;
         let secrets = self
@@ -315,7 +338,7 @@ impl CsiHandler {
     }
 
     /// `markAsDetached`: our finalizer first, then the status (spec 3.6 step 5).
-    async fn mark_as_detached(&self, va: &VolumeAttachment) -> Result<(), Error> {
+    async fn mark_as_detached(&self, va: &Va) -> Result<(), Error> {
         let name = va.metadata.name.as_deref().unwrap_or_default();
         if let Some(patch) = patches::va_finalizer_removal_patch(va, &self.driver) {
             let written = self
@@ -344,21 +367,33 @@ impl CsiHandler {
 
     /// `SyncNewOrUpdatedPersistentVolume` (spec 3.8): removes our PV finalizer
     /// once the PV is being deleted and no VA names it.
-    pub async fn sync_pv(&self, pv: &PersistentVolume) -> Result<(), Error> {
-        let vas = self.stores.vas.state();
-        let Some(index) =
-            patches::pv_needs_finalizer_removal(pv, &self.driver, vas.iter().map(|v| &**v))
-        else {
+    pub async fn sync_pv(&self, pv: &Pv) -> Result<(), Error> {
+        let in_use = |name: &str| self.stores.vas.any(|va| patches::va_uses_pv(va, name));
+        let Some(index) = patches::pv_needs_finalizer_removal(pv, &self.driver, in_use) else {
             return Ok(());
         };
         let name = pv.metadata.name.as_deref().unwrap_or_default();
-        self.writer
-            .json_patch_pv(
-                name,
-                patches::pv_finalizer_removal_patch(index, &self.driver),
-            )
-            .await
-            .map_err(|e| Error::RemovePvFinalizer(k8s::error_text(&e)))?;
+        let fail = |e: kube::Error| Error::RemovePvFinalizer(k8s::error_text(&e));
+        let patch = patches::pv_finalizer_removal_patch(index, &self.driver);
+        match self.writer.json_patch_pv(name, patch).await {
+            Ok(_) => {}
+            // The cached list is stale (the `test` of our finalizer at `index` failed): decide
+            // again on a live copy, as for the add.
+            Err(e) if k8s::is_unprocessable(&e) => {
+                tracing::debug!(
+                    pv = name,
+                    "cached PersistentVolume is stale; removing the finalizer from a live copy"
+                );
+                let live = Pv::from(self.writer.get_pv(name).await.map_err(fail)?);
+                let Some(index) = patches::pv_needs_finalizer_removal(&live, &self.driver, in_use)
+                else {
+                    return Ok(());
+                };
+                let patch = patches::pv_finalizer_removal_patch(index, &self.driver);
+                self.writer.json_patch_pv(name, patch).await.map_err(fail)?;
+            }
+            Err(e) => return Err(fail(e)),
+        }
         tracing::info!(pv = name, "removed PersistentVolume finalizer");
         Ok(())
     }
@@ -407,7 +442,7 @@ impl CsiHandler {
             let found = published
                 .get(&handle)
                 .is_some_and(|nodes| nodes.contains(&node_id));
-            let attached = va.status.as_ref().is_some_and(|s| s.attached);
+            let attached = va.status.attached;
             if found != attached {
                 tracing::info!(va = %name, published = found, attached, "VolumeAttachment attached status and actual state do not match");
                 // A sync is forced only where a normal one would do nothing:
@@ -449,7 +484,10 @@ mod tests {
     use crate::fake_api::FakeApi;
     use crate::k8s::stores::TestStores;
     use crate::names::NODE_ID_ANNOTATION;
-    use k8s_openapi::api::storage::v1::VolumeAttachmentStatus;
+    use k8s_openapi::api::{
+        core::v1::PersistentVolume,
+        storage::v1::{VolumeAttachment, VolumeAttachmentStatus},
+    };
 
     /// A CSI handler between a fake API server, a fake driver and caches filled by hand.
     struct World {
@@ -559,7 +597,11 @@ mod tests {
     async fn an_attach_adds_the_pv_finalizer_saves_the_va_publishes_and_marks_it_attached() {
         let mut w = world(attaching(), true).await;
         let va = w.volume(&[], va(Some("pv1")));
-        let synced = w.handler.sync_attach(&va).await.expect("attached");
+        let synced = w
+            .handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect("attached");
         assert_eq!(synced, Synced::Attached);
         let publishes = w.csi.calls_of("ControllerPublishVolume");
         assert_eq!(publishes.len(), 1);
@@ -605,15 +647,22 @@ mod tests {
     async fn a_stale_copy_of_a_va_marked_attached_waits_for_the_echo_instead_of_publishing_again() {
         let mut w = world(attaching(), true).await;
         let va = w.volume(&[], va(Some("pv1")));
-        w.handler.sync_attach(&va).await.expect("attached");
+        w.handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect("attached");
         // The cache still holds the copy from before our status write.
-        let again = w.handler.sync_attach(&va).await.expect("no error");
+        let again = w
+            .handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect("no error");
         assert_eq!(again, Synced::Unchanged);
         assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
         // Once the cache shows the written copy, nothing is left to do either.
         let echo = w.stored_va().expect("the VA");
         assert_eq!(
-            w.handler.sync_attach(&echo).await.expect("ok"),
+            w.handler.sync_attach(&lean_va(&echo)).await.expect("ok"),
             Synced::Unchanged
         );
         assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
@@ -626,7 +675,11 @@ mod tests {
             let va = w.volume(&[], va(Some("pv1")));
             w.csi
                 .fail_next_publish(tonic::Status::resource_exhausted("no room"));
-            let err = w.handler.sync_attach(&va).await.expect_err("fails");
+            let err = w
+                .handler
+                .sync_attach(&lean_va(&va))
+                .await
+                .expect_err("fails");
             assert_eq!(
                 err.to_string(),
                 "rpc error: code = ResourceExhausted desc = no room"
@@ -648,7 +701,11 @@ mod tests {
         let mut w = world(attaching(), true).await;
         let va = w.api.put(&va(Some("gone")));
         w.caches.apply_va(&va);
-        let err = w.handler.sync_attach(&va).await.expect_err("fails");
+        let err = w
+            .handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect_err("fails");
         assert_eq!(err.to_string(), "persistentvolume \"gone\" not found");
         assert!(w.csi.calls_of("ControllerPublishVolume").is_empty());
         let stored = w.stored_va().expect("the VA");
@@ -665,7 +722,11 @@ mod tests {
     async fn a_detach_unpublishes_and_removes_the_finalizer_without_writing_a_deleted_va() {
         let mut w = world(attaching(), true).await;
         let va = w.volume(&[FIN], deleting_va(&[FIN]));
-        let synced = w.handler.sync_detach(&va).await.expect("detached");
+        let synced = w
+            .handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect("detached");
         assert_eq!(synced, Synced::Detached);
         let unpublishes = w.csi.calls_of("ControllerUnpublishVolume");
         assert_eq!(unpublishes.len(), 1);
@@ -685,7 +746,10 @@ mod tests {
     async fn a_detach_of_a_va_kept_by_another_finalizer_also_marks_it_detached() {
         let mut w = world(attaching(), true).await;
         let va = w.volume(&[FIN], deleting_va(&[FIN, "example.com/other"]));
-        w.handler.sync_detach(&va).await.expect("detached");
+        w.handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect("detached");
         assert_eq!(
             w.written(),
             [
@@ -707,7 +771,11 @@ mod tests {
         let va = w.volume(&[FIN], deleting_va(&[FIN]));
         w.csi
             .fail_next_unpublish(tonic::Status::unavailable("driver busy"));
-        let err = w.handler.sync_detach(&va).await.expect_err("fails");
+        let err = w
+            .handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect_err("fails");
         let stored = w.stored_va().expect("kept");
         assert_eq!(stored.metadata.finalizers, Some(vec![FIN.to_owned()]));
         let error = stored
@@ -718,7 +786,10 @@ mod tests {
         // Retried later, it detaches.
         w.caches.apply_va(&w.stored_va().expect("kept"));
         let retry = w.stored_va().expect("kept");
-        w.handler.sync_detach(&retry).await.expect("detached");
+        w.handler
+            .sync_detach(&lean_va(&retry))
+            .await
+            .expect("detached");
         assert!(w.stored_va().is_none());
     }
 
@@ -730,14 +801,78 @@ mod tests {
         let deleting = w.api.put(&deleting);
         w.caches.apply_pv(&deleting);
         w.api.clear_log();
-        w.handler.sync_pv(&deleting).await.expect("ok");
+        w.handler.sync_pv(&lean_pv(&deleting)).await.expect("ok");
         assert!(w.api.writes().is_empty(), "a VA still names the PV");
         w.caches.delete_va(&va);
-        w.handler.sync_pv(&deleting).await.expect("ok");
+        w.handler.sync_pv(&lean_pv(&deleting)).await.expect("ok");
         assert_eq!(w.written(), ["PATCH persistentvolumes/pv1"]);
         assert_eq!(
             w.stored_pv().metadata.finalizers,
             Some(vec!["kubernetes.io/pv-protection".to_owned()])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_cached_pv_gets_our_finalizer_on_a_live_copy_instead_of_failing_the_attach() {
+        // Our own earlier add has not come back through the watch: the live PV has the
+        // finalizer, the cache does not. The `test` fails (422); the live copy needs nothing.
+        let mut w = world(attaching(), true).await;
+        let first = w.volume(&[], va(Some("pv1")));
+        w.api.put(&pv_finalizers_of(w.stored_pv(), &[FIN]));
+        w.api.clear_log();
+        assert_eq!(
+            w.handler
+                .sync_attach(&lean_va(&first))
+                .await
+                .expect("attached"),
+            Synced::Attached
+        );
+        assert_eq!(
+            w.written(),
+            [
+                "PATCH volumeattachments/va",
+                "PATCH volumeattachments/va/status"
+            ]
+        );
+        assert_eq!(
+            w.stored_pv().metadata.finalizers,
+            Some(vec![FIN.to_owned()])
+        );
+
+        // Another controller added its finalizer since the cached copy: ours is appended to
+        // the live list, the other one is kept.
+        let mut w = world(attaching(), true).await;
+        let second = w.volume(&[], va(Some("pv1")));
+        w.api.put(&pv_finalizers_of(w.stored_pv(), &["other/keep"]));
+        w.handler
+            .sync_attach(&lean_va(&second))
+            .await
+            .expect("attached");
+        assert_eq!(
+            w.stored_pv().metadata.finalizers,
+            Some(vec!["other/keep".to_owned(), FIN.to_owned()])
+        );
+        assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stale_cached_pv_loses_our_finalizer_from_a_live_copy() {
+        // The cache shows ours second; another controller has removed the first since.
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&["other/first", FIN], attached_va());
+        w.caches.delete_va(&va);
+        let cached = deleting(w.stored_pv());
+        let cached = w.api.put(&cached);
+        w.caches.apply_pv(&cached);
+        w.api.put(&pv_finalizers_of(w.stored_pv(), &[FIN]));
+        w.api.clear_log();
+        w.handler.sync_pv(&lean_pv(&cached)).await.expect("removed");
+        // No finalizer was left on the deleted PV: the API server removed it.
+        assert!(w.api.get::<PersistentVolume>(None, "pv1").is_none());
+        assert_eq!(
+            w.written(),
+            ["PATCH persistentvolumes/pv1"],
+            "the stale patch is refused, the live one applies"
         );
     }
 
@@ -750,7 +885,10 @@ mod tests {
         let out_of_sync = w.handler.reconcile().await.expect("listed");
         assert_eq!(out_of_sync, ["va"]);
         // The next sync publishes again although the VA says attached.
-        w.handler.sync_attach(&va).await.expect("republished");
+        w.handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect("republished");
         assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
         // A VA the driver reports on its node is in sync.
         w.csi.set_published("handle", &["id-1"]);

@@ -44,11 +44,15 @@ pub(crate) async fn gauges(hub: Arc<Context>, stop: CancellationToken) {
         let metrics = &hub.shared.metrics;
         for d in slots {
             let Some(name) = d.name() else { continue };
-            let up = matches!(d.state(), State::Standby | State::Leading);
+            let up = matches!(
+                d.state(),
+                State::Standby | State::Leading | State::Blocked { .. }
+            );
             metrics
                 .driver_up
                 .with_label_values(&[name.as_str()])
                 .set(if up { 1.0 } else { 0.0 });
+            metrics.set_lease_guard(&name, d.lease_guard_view().as_ref());
             for (pool, q) in d.queue_depths() {
                 let adds = q.adds();
                 let before = counted.insert((name.clone(), pool), adds).unwrap_or(0);

@@ -139,8 +139,16 @@ pub async fn run(
     let kube_cfg = crate::k8s::client::kube_config(kubeconfig.as_deref())
         .await
         .map_err(Error::KubeConfig)?;
-    let client = crate::k8s::client(&kube_cfg).map_err(Error::KubeClient)?;
-    let leader_client = crate::k8s::client(&kube_cfg).map_err(Error::KubeClient)?;
+    let connection_metrics = crate::metrics::ConnectionMetrics::new();
+    connection_metrics
+        .register(&registry)
+        .map_err(Error::Metrics)?;
+    // One connection for both clients, as client-go's clientsets made from one configuration
+    // share one: the leader client is separate for its API budget, not for its connection.
+    let transport =
+        crate::k8s::Transport::new(&kube_cfg, connection_metrics).map_err(Error::KubeClient)?;
+    let client = crate::k8s::client(&kube_cfg, &transport).map_err(Error::KubeClient)?;
+    let leader_client = crate::k8s::client(&kube_cfg, &transport).map_err(Error::KubeClient)?;
 
     let csi_ops = CsiOperations::register(&registry).map_err(Error::Metrics)?;
     let metrics = HubMetrics::register(&registry).map_err(Error::Metrics)?;

@@ -1,22 +1,28 @@
 //! The Kubernetes side: the API client, the shared watches and caches, the writes a driver
 //! makes and the budgets they are spent from, and error texts shaped like client-go's.
 //!
-//! * [`client`](mod@client) — the client, with keepalive and timeouts;
+//! * [`client`](mod@client) — the clients, over one [`transport`];
+//! * [`transport`] — one HTTP/2 connection to the API server, checked with PINGs (HTTP/1.1
+//!   where the server has no HTTP/2);
 //! * [`router`] — one watch per kind feeding the [`stores`], routing each change;
+//! * [`lean`] — the copies the stores hold: only what the attacher reads of each object;
 //! * [`writer`] — a driver's PATCHes and Secret reads;
 //! * [`budget`] — client-side request budgets (per driver, and the optional hub cap).
 //!
-//! It uses only [`crate::names`], [`crate::random`] and the [`Observer`](crate::metrics::Observer)
-//! of [`crate::metrics`].
+//! It uses only [`crate::names`], [`crate::random`], and the [`Observer`](crate::metrics::Observer)
+//! and [`ConnectionMetrics`](crate::metrics::ConnectionMetrics) of [`crate::metrics`].
 
 pub mod budget;
 pub mod client;
+pub mod lean;
 pub mod router;
 pub mod stores;
+pub mod transport;
 pub mod writer;
 
 pub use client::{WATCH_TIMEOUT, client};
 pub use stores::Stores;
+pub use transport::Transport;
 pub use writer::{FIELD_MANAGER, REQUEST_TIMEOUT, Writer};
 
 /// The text of an API error as client-go prints it: the server's message for
@@ -27,6 +33,12 @@ pub fn error_text(error: &kube::Error) -> String {
         kube::Error::Api(status) => status.message.clone(),
         other => other.to_string(),
     }
+}
+
+/// Whether the error is a 422 from the API server: for a JSON Patch, a `test` operation that
+/// failed because the copy the patch was built from is stale.
+pub fn is_unprocessable(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 422)
 }
 
 /// Whether the error is a 404 from the API server.

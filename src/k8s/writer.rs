@@ -160,6 +160,14 @@ impl Writer {
         .await
     }
 
+    /// A PersistentVolume read live from the API server (not from the shared cache), for a
+    /// JSON Patch whose `test` failed on a stale cached copy.
+    pub async fn get_pv(&self, name: &str) -> kube::Result<PersistentVolume> {
+        let api = Api::<PersistentVolume>::all(self.client.clone());
+        self.send("GET", "persistentvolumes", name, api.get(name))
+            .await
+    }
+
     /// A Secret's data, byte for byte, read live (never cached). Whether the
     /// values can be sent is for the CSI client to say (see
     /// [`crate::csi::redact::NotUtf8`]); nothing is altered here.

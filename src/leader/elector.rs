@@ -124,13 +124,14 @@ impl Seen {
     }
 }
 
-/// A predicate that allows or skips acquisition attempts, and optionally a signal that it may
+/// A predicate that allows or skips acquisition attempts, and optionally signals that it may
 /// have turned from no to yes (so that a gated candidate tries at once instead of at its next
 /// jittered attempt).
 #[derive(Clone)]
 pub struct AcquireGate {
     allows: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,
-    opened: Option<watch::Receiver<u64>>,
+    /// Each change of any of them means the gate may have opened.
+    opened: Vec<watch::Receiver<u64>>,
 }
 
 impl AcquireGate {
@@ -138,13 +139,14 @@ impl AcquireGate {
     pub fn new(allows: impl Fn() -> bool + Send + Sync + 'static) -> Self {
         AcquireGate {
             allows: std::sync::Arc::new(allows),
-            opened: None,
+            opened: Vec::new(),
         }
     }
 
-    /// Every change of `opened` means the gate may have opened.
+    /// Every change of `opened` means the gate may have opened (call once per signal: a gate
+    /// that combines several conditions is woken by each).
     pub fn woken_by(mut self, opened: watch::Receiver<u64>) -> Self {
-        self.opened = Some(opened);
+        self.opened.push(opened);
         self
     }
 
@@ -337,11 +339,18 @@ impl LeaderElector {
                 };
                 // A gated attempt is repeated the moment the gate may have opened.
                 let opened = async {
-                    match self.gate.as_mut().and_then(|g| g.opened.as_mut()) {
-                        Some(o) if !allowed => match o.changed().await {
-                            Ok(()) => {}
-                            Err(_) => std::future::pending().await,
-                        },
+                    match self.gate.as_mut() {
+                        Some(g) if !allowed && !g.opened.is_empty() => {
+                            // A signal whose sender is gone never fires again.
+                            let signals = g.opened.iter_mut().map(|o| {
+                                Box::pin(async move {
+                                    if o.changed().await.is_err() {
+                                        std::future::pending::<()>().await;
+                                    }
+                                })
+                            });
+                            futures::future::select_all(signals).await;
+                        }
                         _ => std::future::pending().await,
                     }
                 };

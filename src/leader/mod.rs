@@ -32,14 +32,16 @@
 //! so external-attacher's event writes fail anyway) and the `leader_election_*` metrics.
 //!
 //! The parts: [`config`] (settings and their checks), [`record`] (the Lease codec), [`elector`]
-//! (the loop), [`status`] (the health view), [`identity`] (holder identity and namespace) and
-//! [`balance`] (spreading driver Leases across hub replicas). It uses only [`crate::names`],
+//! (the loop), [`status`] (the health view), [`identity`] (holder identity and namespace),
+//! [`balance`] (spreading driver Leases across hub replicas) and [`guard`] (no leading while
+//! another holder renews a Lease of the same name in another namespace). It uses only [`crate::names`],
 //! [`crate::random`] and [`crate::telemetry`] of the crate (and kube).
 
 pub mod balance;
 pub mod config;
 pub mod elector;
 pub mod error;
+pub mod guard;
 pub mod identity;
 pub mod record;
 pub mod status;

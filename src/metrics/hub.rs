@@ -2,7 +2,6 @@
 //! API budgets. Every series carries `driver_name`, and a driver no longer served loses all of
 //! them.
 
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use prometheus::{HistogramOpts, HistogramVec, Registry};
 
@@ -66,6 +65,14 @@ pub struct HubMetrics {
     /// `attacher_hub_api_requests_total{driver_name, verb, resource, code}`: API requests made
     /// for a driver, by HTTP status code (`error` when no answer came).
     pub api_requests: prometheus::IntCounterVec,
+    /// `attacher_hub_lease_guard_blocked{driver_name, namespace, holder}`: 1 while another holder
+    /// renews the driver's Lease in another namespace (labels: that Lease's namespace and
+    /// holder), so this replica does not lead it; else one series with empty labels and value 0.
+    /// Only for drivers with leader election.
+    pub lease_guard_blocked: prometheus::GaugeVec,
+    /// `attacher_hub_lease_guard_available{driver_name}`: 1 when the cross-namespace Lease guard
+    /// can list Leases in all namespaces, 0 when it cannot (RBAC) and so does not guard.
+    pub lease_guard_available: prometheus::GaugeVec,
 }
 
 /// Buckets of the API budget wait, in seconds: from "no wait" to minutes of backlog.
@@ -193,6 +200,20 @@ impl HubMetrics {
                 ),
                 &["driver_name", "verb", "resource", "code"],
             )?,
+            lease_guard_blocked: GaugeVec::new(
+                Opts::new(
+                    "attacher_hub_lease_guard_blocked",
+                    "1 while another holder renews the driver's Lease in another namespace (labels namespace, holder), so this replica does not lead the driver",
+                ),
+                &["driver_name", "namespace", "holder"],
+            )?,
+            lease_guard_available: GaugeVec::new(
+                Opts::new(
+                    "attacher_hub_lease_guard_available",
+                    "1 if the cross-namespace Lease guard can list Leases in all namespaces, 0 if not (it then does not guard)",
+                ),
+                &["driver_name"],
+            )?,
         };
         registry.register(Box::new(this.queue_depth.clone()))?;
         registry.register(Box::new(this.queue_oldest_age.clone()))?;
@@ -210,6 +231,8 @@ impl HubMetrics {
         registry.register(Box::new(this.api_throttled.clone()))?;
         registry.register(Box::new(this.api_budget_qps.clone()))?;
         registry.register(Box::new(this.api_requests.clone()))?;
+        registry.register(Box::new(this.lease_guard_blocked.clone()))?;
+        registry.register(Box::new(this.lease_guard_available.clone()))?;
         Ok(this)
     }
 
@@ -254,6 +277,51 @@ impl HubMetrics {
         remove_driver_series(&self.api_throttled, driver);
         remove_driver_series(&self.api_budget_qps, driver);
         remove_driver_series(&self.api_requests, driver);
+        remove_driver_series(&self.lease_guard_blocked, driver);
+        remove_driver_series(&self.lease_guard_available, driver);
+    }
+
+    /// Publishes what the cross-namespace Lease guard of `driver` says (`None`: the driver has
+    /// no guard, so no series): one `lease_guard_blocked` series, naming the other Lease's
+    /// namespace and holder while it blocks, and `lease_guard_available`.
+    pub fn set_lease_guard(&self, driver: &str, view: Option<&crate::leader::guard::View>) {
+        use crate::leader::guard::Verdict;
+        let Some(view) = view else {
+            remove_driver_series(&self.lease_guard_blocked, driver);
+            remove_driver_series(&self.lease_guard_available, driver);
+            return;
+        };
+        let (namespace, holder) = view
+            .blocked_by()
+            .map_or(("", ""), |h| (h.namespace.as_str(), h.holder.as_str()));
+        let current = [driver, namespace, holder];
+        // Keep exactly one series per driver: drop any other label set first.
+        for family in prometheus::core::Collector::collect(&self.lease_guard_blocked) {
+            for m in family.get_metric() {
+                let labels: std::collections::HashMap<&str, &str> = m
+                    .get_label()
+                    .iter()
+                    .map(|l| (l.name(), l.value()))
+                    .collect();
+                if labels.get("driver_name") == Some(&driver)
+                    && (labels.get("namespace") != Some(&namespace)
+                        || labels.get("holder") != Some(&holder))
+                {
+                    let _ = self.lease_guard_blocked.remove(&labels);
+                }
+            }
+        }
+        self.lease_guard_blocked
+            .with_label_values(&current)
+            .set(if view.blocked_by().is_some() {
+                1.0
+            } else {
+                0.0
+            });
+        let available = !matches!(view.verdict, Verdict::Unavailable { .. });
+        self.lease_guard_available
+            .with_label_values(&[driver])
+            .set(if available { 1.0 } else { 0.0 });
     }
 
     /// Where the API budget of `driver` reports its waits; also publishes its limit (`qps`:
@@ -282,22 +350,15 @@ impl HubMetrics {
         self.queue_retries.with_label_values(&[queue, driver]).inc();
     }
 
-    /// Records the end-to-end latency of a VA a sync marked attached: from its creation.
-    pub fn observe_attached(&self, driver: &str, va: &VolumeAttachment) {
-        observe_since(
-            &self.attach_e2e,
-            driver,
-            va.metadata.creation_timestamp.as_ref(),
-        );
+    /// Records the end-to-end latency of a VA a sync marked attached: from its creation
+    /// timestamp.
+    pub fn observe_attached(&self, driver: &str, created: Option<&Time>) {
+        observe_since(&self.attach_e2e, driver, created);
     }
 
-    /// Records the end-to-end latency of a VA a sync detached: from its deletion.
-    pub fn observe_detached(&self, driver: &str, va: &VolumeAttachment) {
-        observe_since(
-            &self.detach_e2e,
-            driver,
-            va.metadata.deletion_timestamp.as_ref(),
-        );
+    /// Records the end-to-end latency of a VA a sync detached: from its deletion timestamp.
+    pub fn observe_detached(&self, driver: &str, deleted: Option<&Time>) {
+        observe_since(&self.detach_e2e, driver, deleted);
     }
 }
 
@@ -318,16 +379,73 @@ mod tests {
     fn end_to_end_latency_is_observed_from_creation_and_from_deletion() {
         let registry = Registry::new();
         let m = HubMetrics::register(&registry).unwrap();
-        let mut va = VolumeAttachment::default();
         // Without the timestamp there is nothing to measure from.
-        m.observe_attached("d", &va);
-        m.observe_detached("d", &va);
-        va.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-        m.observe_attached("d", &va);
-        va.metadata.deletion_timestamp = va.metadata.creation_timestamp.clone();
-        m.observe_detached("d", &va);
+        m.observe_attached("d", None);
+        m.observe_detached("d", None);
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        m.observe_attached("d", Some(&now));
+        m.observe_detached("d", Some(&now));
         let count = |h: &HistogramVec| h.with_label_values(&["d"]).get_sample_count();
         assert_eq!((count(&m.attach_e2e), count(&m.detach_e2e)), (1, 1));
+    }
+
+    #[test]
+    fn the_lease_guard_keeps_one_blocked_series_per_driver_naming_the_other_lease() {
+        use crate::leader::guard::{Holder, Verdict, View};
+        let registry = Registry::new();
+        let m = HubMetrics::register(&registry).unwrap();
+        let clear = View {
+            verdict: Verdict::Clear,
+            renewing: None,
+        };
+        let blocked = View {
+            verdict: Verdict::Blocked {
+                holder: Holder {
+                    namespace: "kube-system".into(),
+                    holder: "go-1".into(),
+                },
+            },
+            renewing: None,
+        };
+        let unavailable = View {
+            verdict: Verdict::Unavailable {
+                reason: "forbidden".into(),
+            },
+            renewing: None,
+        };
+        let series = |text: &str| {
+            text.lines()
+                .filter(|l| l.starts_with("attacher_hub_lease_guard"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        m.set_lease_guard("d", Some(&clear));
+        assert_eq!(
+            series(&render(&registry)),
+            [
+                r#"attacher_hub_lease_guard_available{driver_name="d"} 1"#,
+                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="",namespace=""} 0"#,
+            ]
+        );
+        m.set_lease_guard("d", Some(&blocked));
+        assert_eq!(
+            series(&render(&registry)),
+            [
+                r#"attacher_hub_lease_guard_available{driver_name="d"} 1"#,
+                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="go-1",namespace="kube-system"} 1"#,
+            ]
+        );
+        m.set_lease_guard("d", Some(&unavailable));
+        assert_eq!(
+            series(&render(&registry)),
+            [
+                r#"attacher_hub_lease_guard_available{driver_name="d"} 0"#,
+                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="",namespace=""} 0"#,
+            ]
+        );
+        // No leader election, no guard, no series.
+        m.set_lease_guard("d", None);
+        assert!(series(&render(&registry)).is_empty());
     }
 
     #[test]

@@ -6,13 +6,16 @@
 //!
 //! * [`csi`] — `csi_sidecar_operations_seconds`, one sample per CSI call;
 //! * [`hub`] — the per-driver series of the hub (queues, leadership, health, latency, budgets);
-//! * [`api`] — what an API budget reports, and its series.
+//! * [`api`] — what an API budget reports, and its series;
+//! * [`connection`] — the connection to the API server (dials, health PINGs, dead connections).
 
 pub mod api;
+pub mod connection;
 pub mod csi;
 pub mod hub;
 mod series;
 
 pub use api::{Limiter, Observer};
+pub use connection::ConnectionMetrics;
 pub use csi::{CSI_OPERATIONS_BUCKETS, CSI_OPERATIONS_NAME, CsiOperations, UNKNOWN_DRIVER};
 pub use hub::{API_BUDGET_WAIT_BUCKETS, END_TO_END_BUCKETS, HubMetrics};

@@ -38,8 +38,12 @@ pub struct Row {
     pub queues: [Option<u64>; 3],
     /// The VolumeAttachments, when counted.
     pub attachments: Option<Counts>,
-    /// The driver's last error.
+    /// The driver's last error (cleared by the hub once what caused it is over).
     pub last_error: Option<String>,
+    /// How long ago that error happened, when the hub says when.
+    pub last_error_age: Option<std::time::Duration>,
+    /// Why the cross-namespace Lease guard does not guard this driver, when it cannot.
+    pub guard_unavailable: Option<String>,
 }
 
 impl Row {
@@ -79,6 +83,17 @@ pub fn rows(drivers: &[Value], counts: Option<&BTreeMap<String, Counts>>) -> Vec
                         .unwrap_or_default()
                 }),
                 last_error: text(&d["lastError"]),
+                last_error_age: text(&d["lastErrorTime"])
+                    .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                    .and_then(|t| {
+                        k8s_openapi::jiff::Timestamp::now()
+                            .duration_since(t)
+                            .try_into()
+                            .ok()
+                    }),
+                guard_unavailable: (d["leaseGuard"]["state"] == "unavailable")
+                    .then(|| text(&d["leaseGuard"]["reason"]))
+                    .flatten(),
             }
         })
         .collect()
@@ -112,6 +127,10 @@ pub fn render_table(rows: &[Row]) -> String {
                 .map_or_else(dash, |c| format!("{}/{}", c.attached, c.total));
             let last_error = r.last_error.as_deref().map_or_else(dash, |e| {
                 let one_line = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                let one_line = match r.last_error_age {
+                    Some(age) => format!("{} ago: {one_line}", short_age(age)),
+                    None => one_line,
+                };
                 truncate(&one_line, LAST_ERROR_WIDTH)
             });
             [
@@ -152,6 +171,9 @@ pub fn render_table(rows: &[Row]) -> String {
         if let Some(reason) = &r.reason {
             notes.push(format!("{}: {}: {reason}", r.driver, r.state));
         }
+        if let Some(why) = &r.guard_unavailable {
+            notes.push(format!("{}: lease guard unavailable: {why}", r.driver));
+        }
         if let Some(c) = r.attachments.filter(|c| c.failing > 0) {
             notes.push(format!(
                 "{}: {} VolumeAttachment(s) with an attach error",
@@ -175,6 +197,17 @@ pub fn render_table(rows: &[Row]) -> String {
         ));
     }
     out
+}
+
+/// An age as kubectl prints it: `42s`, `3m`, `5h`, `2d`.
+fn short_age(age: std::time::Duration) -> String {
+    let s = age.as_secs();
+    match s {
+        0..120 => format!("{s}s"),
+        120..7_200 => format!("{}m", s / 60),
+        7_200..172_800 => format!("{}h", s / 3_600),
+        _ => format!("{}d", s / 86_400),
+    }
 }
 
 pub(crate) fn truncate(text: &str, width: usize) -> String {
@@ -366,6 +399,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_blocked_driver_and_an_unguarded_one_are_explained_in_notes() {
+        let mut blocked = entry("pd.csi.storage.gke.io", "blocked", None, [0, 0, 0]);
+        blocked["state"]["namespace"] = json!("kube-system");
+        blocked["state"]["holder"] = json!("csi-gce-pd-controller-0");
+        blocked["state"]["reason"] =
+            json!("the Lease ... set leaderElection.namespace: kube-system ...");
+        blocked["leaseGuard"] = json!({"state": "blocked", "namespace": "kube-system"});
+        let mut unguarded = entry("nfs.csi.example.com", "leading", Some("h"), [0, 0, 0]);
+        unguarded["leaseGuard"] =
+            json!({"state": "unavailable", "reason": "cannot list Leases in all namespaces"});
+        let table = render_table(&rows(&[blocked, unguarded], None));
+        let cells: Vec<&str> = table
+            .lines()
+            .nth(1)
+            .expect("row")
+            .split_whitespace()
+            .collect();
+        assert_eq!(&cells[..2], ["pd.csi.storage.gke.io", "blocked"]);
+        assert!(
+            table.contains("note: pd.csi.storage.gke.io: blocked: the Lease ... set leaderElection.namespace: kube-system ...\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("note: nfs.csi.example.com: lease guard unavailable: cannot list Leases in all namespaces\n"),
+            "{table}"
+        );
+    }
+
+    #[test]
     fn table_of_no_drivers_says_so_and_long_errors_are_cut() {
         assert_eq!(
             render_table(&[]),
@@ -383,6 +445,20 @@ pub(crate) mod tests {
             .expect("cell");
         assert_eq!(error.chars().count(), LAST_ERROR_WIDTH);
         assert!(error.ends_with('…'));
+    }
+
+    #[test]
+    fn a_last_error_says_how_long_ago_it_happened() {
+        let mut d = entry("d", "leading", Some("h"), [0, 0, 0]);
+        d["lastError"] = json!("va-1: csinode \"n\" not found");
+        let then =
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(190);
+        d["lastErrorTime"] = json!(then.to_string());
+        let table = render_table(&rows(&[d], None));
+        assert!(table.contains("3m ago: va-1: csinode"), "{table}");
+        assert_eq!(short_age(std::time::Duration::from_secs(42)), "42s");
+        assert_eq!(short_age(std::time::Duration::from_secs(3 * 3600)), "3h");
+        assert_eq!(short_age(std::time::Duration::from_secs(3 * 86_400)), "3d");
     }
 
     #[test]
@@ -410,12 +486,21 @@ pub(crate) mod tests {
             queues: [Some(0); 3],
             attachments: None,
             last_error: None,
+            last_error_age: None,
+            guard_unavailable: None,
         };
         assert!(row("leading", None, true).ready());
         assert!(row("standby", Some("other"), true).ready());
         assert!(!row("standby", None, true).ready());
         assert!(row("standby", None, false).ready());
-        for state in ["connecting", "notReady", "failed", "stopped", "?"] {
+        for state in [
+            "connecting",
+            "notReady",
+            "failed",
+            "blocked",
+            "stopped",
+            "?",
+        ] {
             assert!(!row(state, Some("h"), true).ready(), "{state}");
         }
     }

@@ -49,6 +49,10 @@ pub(crate) struct Summary {
     pub(crate) peak_rss: f64,
     pub(crate) idle_rss: f64,
     pub(crate) watches: f64,
+    /// Most TCP connections to the API server at once during the workload.
+    pub(crate) connections: f64,
+    /// TCP connections to the API server after the warm-up.
+    pub(crate) idle_connections: f64,
     pub(crate) write_rate: f64,
     /// Median requests per measured VA while attaching, by kind.
     pub(crate) attach_per_va: BTreeMap<RequestKind, f64>,
@@ -120,6 +124,8 @@ impl Summary {
             peak_rss: m(|s| s.peak_rss),
             idle_rss: m(|s| s.idle_rss),
             watches: m(|s| s.watches),
+            connections: m(|s| s.connections),
+            idle_connections: m(|s| s.idle_connections),
             write_rate: m(Sample::write_rate),
             attach_per_va: normalised(samples, |s| &s.attach_requests, |s| s.vas as f64),
             detach_per_va: normalised(samples, |s| &s.detach_requests, |s| s.vas as f64),
@@ -510,13 +516,15 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
          CPU: the contender's processes during attach + detach (d/e: until the quiet drivers are done), \
          and the API server's in the same window. \
          RSS: sums over the contender's processes; idle after warm-up and a pause, peak = VmHWM. \
-         Watches: open watches the contender adds on the API server. Writes/s: the contender's API writes \
+         Watches: open watches the contender adds on the API server. API conns: TCP connections \
+         the contender's processes hold to the API server, the most at once during the workload \
+         (after the warm-up in parentheses), from `/proc/<pid>/net/tcp` and the processes' socket inodes. Writes/s: the contender's API writes \
          during the attach phase, and their share of the raw rate.\n"
     );
     let _ = writeln!(
         md,
-        "| | contender | processes | VAs | VAs/s | p50 (s) | p99 (s) | detach (s) | CPU (s) | API server CPU (s) | peak RSS (MiB) | idle RSS (MiB) | watches | writes/s (% raw) | ControllerPublish (dup.) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| | contender | processes | VAs | VAs/s | p50 (s) | p99 (s) | detach (s) | CPU (s) | API server CPU (s) | peak RSS (MiB) | idle RSS (MiB) | watches | API conns | writes/s (% raw) | ControllerPublish (dup.) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in results.iter().filter(|r| r.not_run.is_none()) {
         let fleet = r.summary(Contender::Fleet);
@@ -529,7 +537,7 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
             }
             let _ = writeln!(
                 md,
-                "| **{}** | {}{} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.1} | {:.1} | {:.0} | {:.0} ({:.0} %) | {} |",
+                "| **{}** | {}{} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.1} | {:.1} | {:.0} | {:.0} ({:.0}) | {:.0} ({:.0} %) | {} |",
                 r.id,
                 c.label(r.spec.drivers),
                 if s.incomplete > 0 {
@@ -551,6 +559,8 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
                 s.peak_rss,
                 s.idle_rss,
                 s.watches,
+                s.connections,
+                s.idle_connections,
                 s.write_rate,
                 100.0 * s.write_rate / ctx.raw_writes.max(1e-9),
                 publish
@@ -559,7 +569,7 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
         if let (Some(f), Some(h)) = (&fleet, &hub) {
             let _ = writeln!(
                 md,
-                "| **{}** | hub / fleet | | | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | |",
+                "| **{}** | hub / fleet | | | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | |",
                 r.id,
                 ratio(h.throughput, f.throughput),
                 ratio(h.p50, f.p50),
@@ -570,6 +580,7 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
                 ratio(Some(h.peak_rss), Some(f.peak_rss)),
                 ratio(Some(h.idle_rss), Some(f.idle_rss)),
                 ratio(Some(h.watches), Some(f.watches)),
+                ratio(Some(h.connections), Some(f.connections)),
                 ratio(Some(h.write_rate), Some(f.write_rate)),
             );
         }

@@ -33,7 +33,7 @@ use tokio::process::Command;
 use crate::hub::create_node_with_drivers;
 use crate::support::{
     ApiServerMetrics, ChildProcess, Cluster, MockProcess, PvBuilder, RequestKind, cpu_seconds,
-    sanitize_driver_name, status_mib, unique_driver_name, unique_name, va,
+    sanitize_driver_name, status_mib, tcp_connections_to, unique_driver_name, unique_name, va,
 };
 
 /// Label on every VA of a run, so that one watch sees exactly that run.
@@ -56,6 +56,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// Go attacher's status PATCH after its finalizer removal, which usually
 /// finds the VA gone) are counted in the phase that caused them.
 const TRAILING_REQUESTS: Duration = Duration::from_secs(1);
+
+/// How often the contender's TCP connections to the API server are counted during a workload.
+const CONNECTION_SAMPLE_PERIOD: Duration = Duration::from_millis(250);
 
 /// Who serves the drivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -167,6 +170,11 @@ pub(crate) struct Sample {
     pub(crate) idle_rss: f64,
     /// Watches the contender holds on the API server (after the warm-up).
     pub(crate) watches: f64,
+    /// TCP connections the contender's processes hold to the API server after the warm-up.
+    pub(crate) idle_connections: f64,
+    /// The most TCP connections the contender's processes held to the API server at once
+    /// during the workload (sampled every [`CONNECTION_SAMPLE_PERIOD`]).
+    pub(crate) connections: f64,
     /// The contender's API requests while the VAs attached (idle runs: during the window).
     pub(crate) attach_requests: BTreeMap<RequestKind, f64>,
     /// The contender's API requests while the VAs were detached and deleted.
@@ -310,6 +318,9 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
     }
     sample.watches = median_of(readings.iter().map(|m| m.watches - baseline.watches));
     let m0 = readings.pop().expect("WATCH_READINGS > 0");
+    let api_port = api_port(cluster);
+    sample.idle_connections = connections_of(&pids, api_port) as f64;
+    let connections = ConnectionSampler::start(pids.clone(), api_port);
     let apiserver = apiserver_pid(cluster);
     let cpu0: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
     let apiserver_cpu0 = apiserver.map_or(0.0, cpu_seconds);
@@ -393,6 +404,7 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
             sample.attach_requests = contender_requests(&m1.requests_since(&m0));
         }
     }
+    sample.connections = connections.stop() as f64;
     sample.cpu = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu0;
     sample.apiserver_cpu = apiserver.map(|p| cpu_seconds(p) - apiserver_cpu0);
     sample.peak_rss = pids.iter().map(|p| status_mib(*p, "VmHWM:")).sum();
@@ -451,6 +463,54 @@ fn apiserver_pid(cluster: &Cluster) -> Option<u32> {
         .ok()
 }
 
+/// The API server's port, from the `server:` line of the kubeconfig the contenders use.
+fn api_port(cluster: &Cluster) -> u16 {
+    let text = std::fs::read_to_string(&cluster.attacher_kubeconfig).expect("read the kubeconfig");
+    let server = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("server:"))
+        .expect("a server line in the kubeconfig")
+        .trim()
+        .to_owned();
+    let uri: http::Uri = server.parse().expect("the server is a URL");
+    uri.port_u16().unwrap_or(443)
+}
+
+/// TCP connections `pids` hold to `port` now.
+fn connections_of(pids: &[u32], port: u16) -> usize {
+    pids.iter().map(|p| tcp_connections_to(*p, port)).sum()
+}
+
+/// Counts the contender's connections to the API server while the workload runs and keeps the
+/// most seen at once.
+struct ConnectionSampler {
+    /// The most seen so far.
+    most: Arc<std::sync::atomic::AtomicUsize>,
+    /// The sampling task.
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ConnectionSampler {
+    fn start(pids: Vec<u32>, port: u16) -> Self {
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = most.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let now = connections_of(&pids, port);
+                seen.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(CONNECTION_SAMPLE_PERIOD).await;
+            }
+        });
+        Self { most, task }
+    }
+
+    /// Stops sampling; the most connections seen at once.
+    fn stop(self) -> usize {
+        self.task.abort();
+        self.most.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Starts the contender's processes.
 fn start(
     cluster: &Cluster,
@@ -483,7 +543,12 @@ fn start(
                 ));
             }
             std::fs::write(&file, yaml).expect("write drivers.yaml");
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_attacher-hub"));
+            // `BENCH_HUB_BIN` runs another build of the hub (e.g. the code before a change).
+            let bin = std::env::var("BENCH_HUB_BIN")
+                .ok()
+                .filter(|b| !b.is_empty())
+                .unwrap_or_else(|| env!("CARGO_BIN_EXE_attacher-hub").to_string());
+            let mut cmd = Command::new(bin);
             cmd.arg(&kubeconfig)
                 .arg(format!("--config={}", file.display()))
                 .arg(format!("--leader-election-namespace={LEASE_NAMESPACE}"))

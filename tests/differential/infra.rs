@@ -7,7 +7,8 @@
 //! only the rest of those 2 s), a watch is cut, the API server answers 429 or
 //! 5xx. What either attacher does next (an extra ControllerUnpublish, an error
 //! saved in the status, a retry the other side did not need) depends on that
-//! accident, not on its logic. A scenario whose outcomes differ while either
+//! accident, not on its logic. So does a JSON Patch refused because the
+//! attacher's cache lagged behind its own last write (422). A scenario whose outcomes differ while either
 //! side's log shows such an error is run again (see `differential.rs`); the
 //! lines found are quoted in the report.
 //!
@@ -39,6 +40,14 @@ const SERVER_TROUBLE: &[&str] = &[
     "has prevented the request from succeeding",
 ];
 
+/// A JSON Patch whose `test` failed because the attacher built it from a cache
+/// that lags behind the API server (422: the PV finalizer patches of spec 3.5
+/// and 3.8). On a loaded machine the watch lags seconds behind the
+/// attacher's own writes; Go then fails the attach and saves this text in
+/// `attachError` until its informer catches up (the hub reads the PV live and
+/// goes on, see docs/differences.md). Which attempt hits the lag is timing.
+const STALE_CACHE: &[&str] = &["the server rejected our request due to an error in our request"];
+
 /// Phrases of a broken or slow connection, as Go's `net/http` and `http2`
 /// packages and client-go's rate limiter word them. In the Go log they count
 /// only on a line that names an `https://` URL, so a CSI call's
@@ -66,6 +75,9 @@ const GO_ALWAYS: &[&str] = &[
     // closer than the next token: a busy machine, not a decision.
     "would exceed context deadline",
     "client rate limiter Wait returned an error",
+    // client-go's REST client timed out reading an answer (no URL in it).
+    "unexpected error when reading response body",
+    "stream error when reading response body",
     // A reflector's list or watch failed (it re-lists with backoff).
     "Failed to watch",
     "failed to list",
@@ -94,7 +106,11 @@ pub(crate) enum Side {
 
 /// Whether one log line reports an infrastructure error.
 pub(crate) fn is_infra_line(side: Side, line: &str) -> bool {
-    if SERVER_TROUBLE.iter().any(|p| line.contains(p)) {
+    if SERVER_TROUBLE
+        .iter()
+        .chain(STALE_CACHE)
+        .any(|p| line.contains(p))
+    {
         return true;
     }
     match side {
@@ -236,6 +252,14 @@ mod tests {
         ));
         assert!(is_infra_failure(
             "creating VA va: ServiceError: client error (Connect)"
+        ));
+        assert!(is_infra_line(
+            Side::Go,
+            "could not mark as detached: unexpected error when reading response body. Please retry. Original error: context deadline exceeded"
+        ));
+        assert!(is_infra_line(
+            Side::Go,
+            r#"I1201 "Error processing" err="failed to attach: could not add PersistentVolume finalizer: the server rejected our request due to an error in our request""#
         ));
         assert!(!is_infra_failure(
             "VA va: no status.attached=true within 45s"

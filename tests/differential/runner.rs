@@ -216,6 +216,17 @@ pub(crate) async fn run_batch(
         {
             outcome.infra.push(format!("the test's own API call: {f}"));
         }
+        // An error the attacher saved in a status shows in a snapshot even
+        // when its log line is worded otherwise.
+        for (label, snap) in &outcome.checkpoints {
+            for (field, value) in &snap.fields {
+                if infra::is_infra_line(side, value) {
+                    outcome
+                        .infra
+                        .push(format!("{} [{label}] {field}: {value}", which.tag()));
+                }
+            }
+        }
         let prefix = format!("{}-{}-", ctx.run_tag, outcome.scenario);
         outcome.stale_reattached = reattached
             .iter()

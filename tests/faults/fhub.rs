@@ -154,6 +154,15 @@ pub(crate) struct FHub {
     pid: u32,
 }
 
+/// The hub binary: this build's, or `$ATTACHER_FAULTS_HUB_BIN` (to run a
+/// scenario against another build, e.g. the code before a fix).
+pub(crate) fn hub_binary() -> String {
+    std::env::var("ATTACHER_FAULTS_HUB_BIN")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_attacher-hub").to_string())
+}
+
 /// A free TCP port on `ip` at the time of the call.
 pub(crate) fn free_port_on(ip: std::net::IpAddr) -> u16 {
     std::net::TcpListener::bind((ip, 0))
@@ -234,7 +243,7 @@ impl FHub {
                 host.clone(),
             ]);
         }
-        argv.push(env!("CARGO_BIN_EXE_attacher-hub").to_string());
+        argv.push(hub_binary());
         argv.extend(args);
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..]);

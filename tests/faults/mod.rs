@@ -5,6 +5,8 @@
 //!   refuse) or stalls the hub's connections;
 //! * [`netns`]: a network namespace with a veth link for a real packet drop;
 //! * [`fhub`]: the hub process with bounded HTTP helpers;
+//! * [`fleet`]: Go external-attacher sidecars (restarted after each exit) and
+//!   a ledger of Lease writes, for hub-against-Go comparisons;
 //! * [`plane`]: killing and restarting etcd and the API server of the suite's
 //!   own control plane;
 //! * [`world`]: mock drivers, objects, a VA ledger and the invariants;
@@ -12,6 +14,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod fhub;
+pub(crate) mod fleet;
 pub(crate) mod known;
 pub(crate) mod netns;
 pub(crate) mod plane;

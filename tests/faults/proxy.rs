@@ -1,6 +1,8 @@
 //! A TCP proxy between the hub and the API server that the test controls:
-//! forward, cut every connection with a reset and refuse new ones, or stall
-//! (keep every socket open and move no byte).
+//! forward, cut every connection with a reset and refuse new ones, stall
+//! (keep every socket open and move no byte), or freeze (stall every current
+//! connection for good, and later let new connections through again: a hung
+//! intermediary that lost its connections' state).
 //!
 //! The hub's kubeconfig names the proxy instead of the API server, so a fault
 //! hits only that hub's connections (both of its clients: the main one and
@@ -43,6 +45,10 @@ pub(crate) struct Proxy {
     acceptor: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Connections accepted so far.
     accepted: Arc<AtomicU64>,
+    /// Handed to each new connection; cancelled: that connection is frozen for good.
+    freeze: Arc<std::sync::Mutex<CancellationToken>>,
+    /// Every connection accepted: its client's address and its freeze token.
+    connections: Arc<std::sync::Mutex<Vec<(SocketAddr, CancellationToken)>>>,
 }
 
 impl Proxy {
@@ -60,6 +66,8 @@ impl Proxy {
             flow,
             acceptor: Mutex::new(None),
             accepted: Arc::new(AtomicU64::new(0)),
+            freeze: Arc::new(std::sync::Mutex::new(CancellationToken::new())),
+            connections: Arc::default(),
         };
         *proxy.acceptor.lock().await = Some(proxy.spawn_acceptor(listener));
         proxy
@@ -80,14 +88,18 @@ impl Proxy {
         let cut = self.cut.clone();
         let flow = self.flow.subscribe();
         let accepted = self.accepted.clone();
+        let freeze = self.freeze.clone();
+        let connections = self.connections.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((client, _)) = listener.accept().await else {
+                let Ok((client, peer)) = listener.accept().await else {
                     continue;
                 };
                 accepted.fetch_add(1, Ordering::Relaxed);
                 let token = cut.lock().unwrap().clone();
-                tokio::spawn(forward(client, upstream, token, flow.clone()));
+                let frozen = freeze.lock().unwrap().clone();
+                connections.lock().unwrap().push((peer, frozen.clone()));
+                tokio::spawn(forward(client, upstream, token, flow.clone(), frozen));
             }
         })
     }
@@ -145,6 +157,57 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Freezes every open connection for good: its sockets stay open (no FIN, no RST, the
+    /// kernel keeps ACKing what the client sends) and no byte moves either way, ever again.
+    /// Connections accepted from now on are frozen too, until [`Proxy::thaw_new`].
+    pub(crate) fn freeze_all(&self) {
+        // The cancelled token stays the current one: new connections are born frozen.
+        self.freeze.lock().unwrap().cancel();
+    }
+
+    /// Connections accepted from now on forward again; the frozen ones stay frozen.
+    pub(crate) fn thaw_new(&self) {
+        *self.freeze.lock().unwrap() = CancellationToken::new();
+    }
+
+    /// The client addresses of the frozen connections.
+    pub(crate) fn frozen_clients(&self) -> Vec<SocketAddr> {
+        self.connections
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, frozen)| frozen.is_cancelled())
+            .map(|(peer, _)| *peer)
+            .collect()
+    }
+
+    /// What the clients have sent into frozen connections that sits unread in the proxy's
+    /// sockets (their receive queues, from `/proc/self/net/tcp`): per frozen connection, its
+    /// client's address, the bytes of data, and whether the client has closed it (its FIN
+    /// counts one in the receive queue, not a byte of data).
+    pub(crate) fn frozen_unread(&self) -> Vec<(SocketAddr, u64, bool)> {
+        /// `/proc/net/tcp` states after the peer's FIN: close-wait, last-ack, closing.
+        const PEER_CLOSED: [u8; 3] = [0x08, 0x09, 0x0B];
+        let frozen = self.frozen_clients();
+        let sockets = crate::support::tcp_sockets(std::process::id());
+        frozen
+            .into_iter()
+            .filter_map(|peer| {
+                let s = sockets
+                    .iter()
+                    .find(|s| s.local == self.addr && s.remote == peer)?;
+                let closed = PEER_CLOSED.contains(&s.state);
+                Some((
+                    peer,
+                    s.rx_queue - u64::from(closed && s.rx_queue > 0),
+                    closed,
+                ))
+            })
+            .collect()
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         if let Ok(mut a) = self.acceptor.try_lock()
@@ -163,6 +226,7 @@ async fn forward(
     upstream: SocketAddr,
     cut: CancellationToken,
     flow: watch::Receiver<Flow>,
+    frozen: CancellationToken,
 ) {
     let server = tokio::select! {
         () = cut.cancelled() => {
@@ -187,8 +251,8 @@ async fn forward(
     let _ = server.set_zero_linger();
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let up = pump(cr, sw, flow.clone());
-    let down = pump(sr, cw, flow);
+    let up = pump(cr, sw, flow.clone(), frozen.clone());
+    let down = pump(sr, cw, flow, frozen);
     tokio::pin!(up, down);
     tokio::select! {
         () = cut.cancelled() => {}
@@ -204,25 +268,43 @@ async fn forward(
 }
 
 /// Copies `from` to `to` while the flow allows; passes an orderly end (FIN) on.
+/// Once `frozen` is cancelled it reads and writes nothing, ever (what arrives
+/// stays in the socket's receive queue).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut flow: watch::Receiver<Flow>,
+    frozen: CancellationToken,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; BUFFER_BYTES];
     loop {
-        wait_forward(&mut flow).await;
-        let n = from.read(&mut buf).await?;
+        wait_forward(&mut flow, &frozen).await;
+        let n = tokio::select! {
+            biased;
+            () = frozen.cancelled() => return std::future::pending().await,
+            n = from.read(&mut buf) => n?,
+        };
         if n == 0 {
             // Orderly end from this side: pass the FIN on.
             let _ = to.shutdown().await;
             return Ok(());
         }
-        wait_forward(&mut flow).await;
-        to.write_all(&buf[..n]).await?;
+        wait_forward(&mut flow, &frozen).await;
+        tokio::select! {
+            biased;
+            () = frozen.cancelled() => return std::future::pending().await,
+            r = to.write_all(&buf[..n]) => r?,
+        }
     }
 }
 
-async fn wait_forward(flow: &mut watch::Receiver<Flow>) {
-    let _ = flow.wait_for(|f| *f == Flow::Forward).await;
+/// Returns once the flow is forward; never once `frozen` is cancelled.
+async fn wait_forward(flow: &mut watch::Receiver<Flow>, frozen: &CancellationToken) {
+    tokio::select! {
+        biased;
+        () = frozen.cancelled() => std::future::pending().await,
+        () = async {
+            let _ = flow.wait_for(|f| *f == Flow::Forward).await;
+        } => {}
+    }
 }

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::local::http_request;
 use super::{Cluster, DriverProcess};
 
 /// How long the program may take to print `ready`.
@@ -229,25 +229,4 @@ pub(crate) fn holders(attachments: &BTreeMap<String, Vec<Attachment>>, disk: &st
         .filter(|(_, l)| l.iter().any(|a| a.disk == disk))
         .map(|(i, _)| i.clone())
         .collect()
-}
-
-/// One HTTP/1.0 request over a fresh connection: status code and body.
-async fn http_request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-) -> std::io::Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let req = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
-    stream.write_all(req.as_bytes()).await?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_string()))
 }

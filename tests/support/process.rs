@@ -379,3 +379,23 @@ pub(crate) fn start_reference_attacher(
     .args(extra_args);
     ChildProcess::spawn("csi-attacher", cmd)
 }
+
+/// `program args…` in a new UTS namespace whose host name is `hostname` (`unshare --uts`,
+/// root only). attacher-hub and external-attacher take their Lease holder identity from the
+/// host name, so processes on one machine need one each to be told apart, as pods are. `unshare`
+/// and `sh` both exec, so the child's PID is the program's.
+pub(crate) fn under_hostname(hostname: &str, program: &Path, args: &[String]) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--uts",
+        "--",
+        "sh",
+        "-c",
+        r#"hostname "$1" && shift && exec "$@""#,
+        "sh",
+        hostname,
+    ])
+    .arg(program)
+    .args(args);
+    cmd
+}

@@ -9,7 +9,7 @@ use tracing::Instrument;
 use super::{
     Driver, Origin, State,
     context::Shared,
-    term::{Outcome, Term},
+    term::{GuardFeed, Outcome, Term},
 };
 use crate::{
     controller::{
@@ -20,6 +20,8 @@ use crate::{
     },
     csi::{self, CallMetrics, Capabilities, Connection, DriverClient},
     k8s::{budget::ApiBudget, writer::Writer},
+    leader::guard::Guard,
+    random::random_unit,
 };
 
 /// First pause after a failed start-up step of a driver.
@@ -57,7 +59,7 @@ impl Driver {
                         std::process::exit(1);
                     }
                     tracing::warn!("lost connection to the CSI driver; reconnecting");
-                    self.info.write().last_error = Some("lost connection to the CSI driver".into());
+                    self.record_error(None, "lost connection to the CSI driver".into());
                     backoff = RESTART_BACKOFF_START;
                 }
                 Outcome::Failed(reason) => {
@@ -143,7 +145,9 @@ impl Driver {
 
     /// Holds (or waits for) the Lease and runs the workers while leading.
     /// When the hub asks this replica to hand the driver over (leadership
-    /// balancing), the Lease is vacated and the election starts again.
+    /// balancing), the Lease is vacated and the election starts again. With leader election, the
+    /// cross-namespace Lease guard runs for the whole connection, across terms, so that what it
+    /// has seen of other namespaces survives a hand-over.
     async fn serve(
         self: Arc<Self>,
         shared: &Arc<Shared>,
@@ -154,13 +158,34 @@ impl Driver {
         mut losses: tokio::sync::watch::Receiver<u64>,
     ) -> Outcome {
         let handler = Arc::new(self.build_handler(shared, name, caps, client));
-        loop {
+        let guard_stop = stop.child_token();
+        let (mut feed, guard_task) = match &self.settings.leader_election {
+            Some(le) => {
+                let running = Guard::new(
+                    kube::Api::all(shared.leader_client.clone()),
+                    crate::names::lease_name(name),
+                    le.namespace.clone(),
+                    le.identity.clone(),
+                    le.retry_period,
+                    le.lease_duration,
+                )
+                .spawn(guard_stop.clone());
+                *self.lease_guard.write() = Some(running.view.clone());
+                let feed = GuardFeed {
+                    view: running.view,
+                    opened: running.opened,
+                };
+                (Some(feed), Some(running.task))
+            }
+            None => (None, None),
+        };
+        let outcome = loop {
             match self
                 .clone()
-                .serve_term(shared, stop, name, &handler, &mut losses)
+                .serve_term(shared, stop, name, &handler, &mut losses, feed.as_mut())
                 .await
             {
-                Term::Over(outcome) => return outcome,
+                Term::Over(outcome) => break outcome,
                 Term::HandedOver => {
                     tracing::info!("handed the driver over to another replica");
                     // Give the others a retry period to pick the Lease up
@@ -171,13 +196,40 @@ impl Driver {
                         .as_ref()
                         .map_or(Duration::ZERO, |le| le.retry_period);
                     tokio::select! {
-                        () = stop.cancelled() => return Outcome::Stopped,
-                        _ = losses.changed() => return Outcome::ConnectionLost,
+                        () = stop.cancelled() => break Outcome::Stopped,
+                        _ = losses.changed() => break Outcome::ConnectionLost,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+                Term::Yielded(holder) => {
+                    // Stand again only after a random pause of one to two lease durations: two
+                    // guarded hubs that started leading at once in two namespaces step down
+                    // together, and the pause lets one of them lead first, which the other's
+                    // guard then sees.
+                    let pause = self
+                        .settings
+                        .leader_election
+                        .as_ref()
+                        .map_or(Duration::ZERO, |le| {
+                            le.lease_duration.mul_f64(1.0 + random_unit())
+                        });
+                    tracing::info!(other_namespace = %holder.namespace, holder = %holder.holder, ?pause, "stepped down for the holder of the Lease in another namespace");
+                    tokio::select! {
+                        () = stop.cancelled() => break Outcome::Stopped,
+                        _ = losses.changed() => break Outcome::ConnectionLost,
                         () = tokio::time::sleep(pause) => {}
                     }
                 }
             }
+        };
+        guard_stop.cancel();
+        if let Some(task) = guard_task
+            && let Err(e) = task.await
+        {
+            tracing::warn!(error = %e, "the lease guard task failed");
         }
+        *self.lease_guard.write() = None;
+        outcome
     }
 
     fn build_handler(

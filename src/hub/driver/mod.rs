@@ -16,15 +16,17 @@ mod workers;
 
 use std::sync::Arc;
 
-use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
 use parking_lot::RwLock;
 use serde::Serialize;
+use tokio::sync::watch;
 
 use crate::{
     config::Settings,
     controller::{Handler, patches::should_enqueue_pv, predicate::should_enqueue_va_change},
     csi::Capabilities,
     k8s::budget::ApiBudget,
+    k8s::lean::{Pv, Va},
+    leader::guard as lease_guard,
     names::{PV_QUEUE_NAME, VA_QUEUE_NAME},
     queue::Queue,
 };
@@ -40,6 +42,16 @@ pub enum State {
     NotReady,
     /// Ready; another replica holds its Lease.
     Standby,
+    /// Ready, but another holder renews a Lease of the driver's name in another namespace, so
+    /// this process does not lead it (the cross-namespace Lease guard, [`crate::leader::guard`]).
+    Blocked {
+        /// Namespace of the other Lease.
+        namespace: String,
+        /// Its holder.
+        holder: String,
+        /// The whole story: where, who, and the fix.
+        reason: String,
+    },
     /// Ready and acting for the driver.
     Leading,
     /// A start-up step failed; retried with backoff.
@@ -74,7 +86,22 @@ struct Info {
     capabilities: Option<Capabilities>,
     lease: Option<String>,
     lease_holder: Option<String>,
-    last_error: Option<String>,
+    /// Shown by [`Driver::describe`] as `lastError` and `lastErrorTime`.
+    #[serde(skip)]
+    last_error: Option<LastError>,
+}
+
+/// The last error a driver met, shown in `/drivers` until what caused it is over: a VA's error
+/// until that VA syncs or goes, the driver's own (a lost connection, a failed start) until it
+/// serves again.
+#[derive(Clone, Debug)]
+struct LastError {
+    /// The VolumeAttachment whose sync failed; `None` for the driver itself.
+    key: Option<String>,
+    /// What went wrong.
+    message: String,
+    /// When.
+    at: k8s_openapi::jiff::Timestamp,
 }
 
 /// Which queue a VolumeAttachment key is in.
@@ -108,6 +135,8 @@ pub struct Driver {
     budget: RwLock<Option<Arc<ApiBudget>>>,
     /// Set by the hub when this replica holds more than its share of Leases.
     hand_over: tokio::sync::Notify,
+    /// The cross-namespace Lease guard of the current connection (with leader election only).
+    lease_guard: RwLock<Option<watch::Receiver<lease_guard::View>>>,
 }
 
 impl Driver {
@@ -134,6 +163,7 @@ impl Driver {
             }),
             budget: RwLock::new(None),
             hand_over: tokio::sync::Notify::new(),
+            lease_guard: RwLock::new(None),
         })
     }
 
@@ -155,37 +185,104 @@ impl Driver {
         self.info.read().name.clone()
     }
 
-    /// The current state.
+    /// The current state: a driver standing by while the Lease guard blocks it is
+    /// [`State::Blocked`].
     pub fn state(&self) -> State {
-        self.info.read().state.clone().unwrap_or(State::Connecting)
+        let (state, lease) = {
+            let info = self.info.read();
+            (
+                info.state.clone().unwrap_or(State::Connecting),
+                info.lease.clone(),
+            )
+        };
+        if state != State::Standby {
+            return state;
+        }
+        match (self.lease_guard_view(), lease) {
+            (Some(view), Some(lease)) => match view.blocked_by() {
+                Some(h) => State::Blocked {
+                    namespace: h.namespace.clone(),
+                    holder: h.holder.clone(),
+                    reason: lease_guard::advice(&lease, self.lease_namespace().unwrap_or("?"), h),
+                },
+                None => state,
+            },
+            _ => state,
+        }
+    }
+
+    /// What the cross-namespace Lease guard says now (`None` without leader election or before
+    /// the driver is ready).
+    pub fn lease_guard_view(&self) -> Option<lease_guard::View> {
+        self.lease_guard
+            .read()
+            .as_ref()
+            .map(|rx| rx.borrow().clone())
+    }
+
+    /// The namespace of this driver's Lease, with leader election.
+    fn lease_namespace(&self) -> Option<&str> {
+        self.settings
+            .leader_election
+            .as_ref()
+            .map(|le| le.namespace.as_str())
     }
 
     fn set_state(&self, state: State) {
         if let State::Failed { reason } = &state {
             tracing::warn!(%reason, "driver failed; retrying");
-            self.info.write().last_error = Some(reason.clone());
+            self.record_error(None, reason.clone());
+        }
+        if matches!(state, State::Standby | State::Leading) {
+            self.clear_error(None);
         }
         self.info.write().state = Some(state);
+    }
+
+    /// Records the driver's last error: of the VA `key`, or (`None`) of the driver itself.
+    fn record_error(&self, key: Option<&str>, message: String) {
+        self.info.write().last_error = Some(LastError {
+            key: key.map(str::to_owned),
+            message,
+            at: k8s_openapi::jiff::Timestamp::now(),
+        });
+    }
+
+    /// Clears the last error if it was of the VA `key` (or, for `None`, of the driver itself):
+    /// what caused it is over.
+    fn clear_error(&self, key: Option<&str>) {
+        let mut info = self.info.write();
+        if info
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.key.as_deref() == key)
+        {
+            info.last_error = None;
+        }
     }
 
     /// The `/drivers` entry.
     pub fn describe(&self) -> serde_json::Value {
         let info = self.info.read().clone();
+        let state = info.state.as_ref().map(|_| self.state());
         serde_json::json!({
             "socket": self.settings.address.to_string(),
             "name": info.name,
-            "state": info.state,
+            "state": state,
             "capabilities": info.capabilities,
             "lease": info.lease,
             "leaseHolder": info.lease_holder,
             "leaderElection": self.settings.leader_election.is_some(),
+            "leaseNamespace": self.lease_namespace(),
+            "leaseGuard": self.lease_guard_view().map(|v| v.verdict),
             "discovered": self.origin == Origin::Discovered,
             "queues": {
                 "attach": { "depth": self.attach_queue.len(), "processing": self.attach_queue.processing_len(), "oldestSeconds": self.attach_queue.oldest_age().map(|d| d.as_secs_f64()) },
                 "detach": { "depth": self.detach_queue.len(), "processing": self.detach_queue.processing_len(), "oldestSeconds": self.detach_queue.oldest_age().map(|d| d.as_secs_f64()) },
                 "pv": { "depth": self.pv_queue.len(), "processing": self.pv_queue.processing_len(), "oldestSeconds": self.pv_queue.oldest_age().map(|d| d.as_secs_f64()) },
             },
-            "lastError": info.last_error,
+            "lastError": info.last_error.as_ref().map(|e| e.message.clone()),
+            "lastErrorTime": info.last_error.as_ref().map(|e| e.at.to_string()),
             "apiBudget": self.budget.read().clone().map(|b| b.status()),
         })
     }
@@ -206,7 +303,7 @@ impl Driver {
     // === events (called by the router through the hub; must not block) ===
 
     /// A VA of this driver was added or changed.
-    pub fn on_va(&self, old: Option<&VolumeAttachment>, new: &VolumeAttachment) {
+    pub fn on_va(&self, old: Option<&Va>, new: &Va) {
         let Some(handler) = self.handler() else {
             return;
         };
@@ -215,7 +312,7 @@ impl Driver {
         }
     }
 
-    fn enqueue_va(&self, handler: &Handler, va: &VolumeAttachment) {
+    fn enqueue_va(&self, handler: &Handler, va: &Va) {
         let Some(name) = va.metadata.name.as_deref() else {
             return;
         };
@@ -228,7 +325,7 @@ impl Driver {
     }
 
     /// A VA of this driver is gone: its PV may lose our finalizer now.
-    pub fn on_va_deleted(&self, va: &VolumeAttachment) {
+    pub fn on_va_deleted(&self, va: &Va) {
         let Some(handler) = self.handler() else {
             return;
         };
@@ -241,7 +338,7 @@ impl Driver {
     }
 
     /// A PV carrying our finalizer was added or changed.
-    pub fn on_pv(&self, driver: &str, pv: &PersistentVolume) {
+    pub fn on_pv(&self, driver: &str, pv: &Pv) {
         if self.handler().is_none() {
             return;
         }
@@ -256,5 +353,67 @@ impl Driver {
     /// (leadership balancing). Ignored unless it leads.
     pub fn hand_over(&self) {
         self.hand_over.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Args;
+    use crate::config::Defaults;
+    use crate::leader::guard::{Holder, Verdict, View};
+
+    fn driver_with_guard(view: View) -> (Arc<Driver>, watch::Sender<View>) {
+        let mut args = Args::default();
+        args.leader_election.enabled = true;
+        args.leader_election.namespace = Some("attacher-hub".into());
+        let defaults = Defaults::with_identity(&args, "hub-1".into());
+        let settings = defaults.settings_for("/x.sock".parse().expect("a path"));
+        let driver = Driver::named(settings, Origin::Configured, "pd.csi.storage.gke.io");
+        let (tx, rx) = watch::channel(view);
+        *driver.lease_guard.write() = Some(rx);
+        driver.info.write().lease = Some(crate::names::lease_name("pd.csi.storage.gke.io"));
+        (driver, tx)
+    }
+
+    #[test]
+    fn a_standby_driver_blocked_by_the_guard_shows_as_blocked_with_the_fix() {
+        let (driver, guard) = driver_with_guard(View::pending());
+        driver.set_state(State::Standby);
+        assert_eq!(driver.state(), State::Standby);
+        guard.send_replace(View {
+            verdict: Verdict::Blocked {
+                holder: Holder {
+                    namespace: "kube-system".into(),
+                    holder: "go-1".into(),
+                },
+            },
+            renewing: None,
+        });
+        let State::Blocked {
+            namespace,
+            holder,
+            reason,
+        } = driver.state()
+        else {
+            panic!("{:?}", driver.state())
+        };
+        assert_eq!(
+            (namespace.as_str(), holder.as_str()),
+            ("kube-system", "go-1")
+        );
+        assert!(
+            reason.contains("leaderElection.namespace: kube-system"),
+            "{reason}"
+        );
+        assert!(reason.contains("namespace attacher-hub"), "{reason}");
+        let d = driver.describe();
+        assert_eq!(d["state"]["state"], "blocked");
+        assert_eq!(d["state"]["namespace"], "kube-system");
+        assert_eq!(d["leaseGuard"]["state"], "blocked");
+        assert_eq!(d["leaseNamespace"], "attacher-hub");
+        // A leader is shown leading whatever the guard says (it steps down on its own).
+        driver.set_state(State::Leading);
+        assert_eq!(driver.state(), State::Leading);
     }
 }

@@ -1,6 +1,7 @@
-//! One election term of a driver: stand for its Lease (if it has leader election), run the
-//! workers while leading, and end on stop, connection loss, a lost Lease or a hand-over, in two
-//! phases (drain the work, then vacate the Lease).
+//! One election term of a driver: stand for its Lease (if it has leader election, and only while
+//! the cross-namespace Lease guard allows it), run the workers while leading, and end on stop,
+//! connection loss, a lost Lease, a hand-over or a step-down for a holder in another namespace,
+//! in two phases (drain the work, then vacate the Lease).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Driver, State, context::Shared, workers::Workers};
 use crate::{
     controller::Handler,
-    leader::{self, AcquireGate, LeaderElector, Leadership},
+    leader::{self, AcquireGate, LeaderElector, Leadership, guard},
 };
 
 /// How one election term ended.
@@ -20,6 +21,17 @@ pub(super) enum Term {
     Over(Outcome),
     /// The Lease was handed to another replica; stand again.
     HandedOver,
+    /// Another holder renews a Lease of the driver's name in another namespace: this replica
+    /// stepped down (the cross-namespace Lease guard); stand again after a pause.
+    Yielded(guard::Holder),
+}
+
+/// The cross-namespace Lease guard as one term sees it.
+pub(super) struct GuardFeed {
+    /// Its view.
+    pub(super) view: tokio::sync::watch::Receiver<guard::View>,
+    /// Bumped when it starts allowing acquisition.
+    pub(super) opened: tokio::sync::watch::Receiver<u64>,
 }
 
 /// How one life of a driver ended.
@@ -30,7 +42,9 @@ pub(super) enum Outcome {
 }
 
 impl Driver {
-    /// One term of the election: from candidacy to stop, loss, or hand-over.
+    /// One term of the election: from candidacy to stop, loss, hand-over, or a step-down for a
+    /// holder of the driver's Lease in another namespace (`guard`: the connection's
+    /// cross-namespace Lease guard, with leader election).
     pub(super) async fn serve_term(
         self: Arc<Self>,
         shared: &Arc<Shared>,
@@ -38,6 +52,7 @@ impl Driver {
         name: &str,
         handler: &Arc<Handler>,
         losses: &mut tokio::sync::watch::Receiver<u64>,
+        mut guard: Option<&mut GuardFeed>,
     ) -> Term {
         let election = CancellationToken::new();
         let (mut leadership, election_task) = match &self.settings.leader_election {
@@ -66,17 +81,25 @@ impl Driver {
                     Err(e) => return Term::Over(Outcome::Failed(format!("leader election: {e}"))),
                 };
                 let balance = shared.balance.clone();
+                let guard_view = guard.as_ref().map(|g| g.view.clone());
                 let feed = shared
                     .lease_feeds
                     .entry(config_name.clone())
                     .or_insert_with(|| tokio::sync::watch::channel(None).0)
                     .subscribe();
-                let elector = elector
-                    .with_acquire_gate(
-                        AcquireGate::new(move || balance.may_acquire())
-                            .woken_by(shared.balance.opened()),
-                    )
-                    .with_feed(feed);
+                // Acquire only within this replica's share, and never while the guard sees
+                // another holder renew the driver's Lease in another namespace.
+                let mut gate = AcquireGate::new(move || {
+                    balance.may_acquire()
+                        && guard_view
+                            .as_ref()
+                            .is_none_or(|v| v.borrow().allows_acquire())
+                })
+                .woken_by(shared.balance.opened());
+                if let Some(g) = guard.as_ref() {
+                    gate = gate.woken_by(g.opened.clone());
+                }
+                let elector = elector.with_acquire_gate(gate).with_feed(feed);
                 shared
                     .leader_status
                     .insert(name.to_string(), elector.status());
@@ -116,7 +139,37 @@ impl Driver {
                 self.info.write().lease_holder =
                     shared.leader_status.get(name).and_then(|s| s.holder());
             }
+            // A leader steps down for a holder seen renewing the driver's Lease in another
+            // namespace: two attachers must not both act, and that one never looks at ours.
+            if workers.is_some()
+                && let Some(h) = guard
+                    .as_ref()
+                    .and_then(|g| g.view.borrow().renewing.clone())
+            {
+                tracing::warn!(
+                    other_namespace = %h.namespace,
+                    holder = %h.holder,
+                    "stepping down: {}",
+                    guard::advice(
+                        self.info.read().lease.as_deref().unwrap_or("?"),
+                        self.lease_namespace().unwrap_or("?"),
+                        &h
+                    )
+                );
+                break Term::Yielded(h);
+            }
+            let guard_changed = async {
+                match guard.as_mut() {
+                    Some(g) => {
+                        if g.view.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                () = guard_changed => {},
                 () = stop.cancelled() => break Term::Over(Outcome::Stopped),
                 _ = losses.changed() => break Term::Over(Outcome::ConnectionLost),
                 () = self.hand_over.notified(), if workers.is_some() && balanced => break Term::HandedOver,
@@ -151,7 +204,7 @@ impl Driver {
         }
         shared.leader_status.remove(name);
         shared.metrics.set_leader(name, false);
-        if matches!(term, Term::HandedOver) {
+        if matches!(term, Term::HandedOver | Term::Yielded(_)) {
             self.info.write().lease_holder = None;
             self.set_state(State::Standby);
         }

@@ -158,7 +158,7 @@ impl Driver {
                 // A bug, not bad input: keep the worker, retry the key later.
                 tracing::error!(key = %key, %panic, "a sync panicked; retrying the key with backoff");
                 shared.metrics.count_panic(&driver, pool.label());
-                self.info.write().last_error = Some(format!("{key}: internal error: {panic}"));
+                self.record_error(Some(&key), format!("{key}: internal error: {panic}"));
                 queue.add_rate_limited(&key);
             }
             shared
@@ -173,11 +173,13 @@ impl Driver {
         let _busy = self.busy.lock(key).await;
         let Some(va) = shared.stores.va(key) else {
             queue.forget(key);
+            self.clear_error(Some(key));
             return;
         };
         let driver = self.name().unwrap_or_default();
         if va.spec.attacher != driver {
             queue.forget(key);
+            self.clear_error(Some(key));
             return;
         }
         let deleting = va.metadata.deletion_timestamp.is_some();
@@ -192,16 +194,21 @@ impl Driver {
         match handler.sync_va(&va).instrument(span.clone()).await {
             Ok(synced) => {
                 queue.forget(key);
+                self.clear_error(Some(key));
                 match synced {
-                    Synced::Attached => shared.metrics.observe_attached(&driver, &va),
-                    Synced::Detached => shared.metrics.observe_detached(&driver, &va),
+                    Synced::Attached => shared
+                        .metrics
+                        .observe_attached(&driver, va.metadata.creation_timestamp.as_ref()),
+                    Synced::Detached => shared
+                        .metrics
+                        .observe_detached(&driver, va.metadata.deletion_timestamp.as_ref()),
                     // The echo of our own write, a resync, a forced re-publish: no new attach.
                     Synced::Unchanged => {}
                 }
             }
             Err(error) => {
                 tracing::warn!(parent: &span, %error, "sync failed; retrying with backoff");
-                self.info.write().last_error = Some(format!("{key}: {error}"));
+                self.record_error(Some(key), format!("{key}: {error}"));
                 shared.metrics.count_retry(&driver, queue.name());
                 queue.add_rate_limited(key);
             }
@@ -265,7 +272,7 @@ mod tests {
     use crate::cli::Args;
     use crate::config::Defaults;
     use crate::controller::csi_handler::{self, CsiHandler};
-    use crate::controller::fixtures::{DRIVER, csi_spec, csinode, now, pv, va};
+    use crate::controller::fixtures::{DRIVER, csi_spec, csinode, lean_va, now, pv, va};
     use crate::csi::{Capabilities, fake::FakeCsi};
     use crate::fake_api::FakeApi;
     use crate::hub::context::tests::context;
@@ -281,21 +288,19 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_workers_attach_an_added_va_once_and_detach_it_once_deleted() {
-        let api = FakeApi::default();
-        let mut caches = TestStores::new();
-        let hub = context(&api, caches.stores.clone());
-        let csi = FakeCsi::new(DRIVER);
+    /// A driver with a CSI handler between a fake API server and a fake CSI driver, its caches
+    /// holding the PV `pv1`, and (with `csinode`) the CSINode of the VA's node.
+    async fn rig(
+        api: &FakeApi,
+        caches: &mut TestStores,
+        csi: &FakeCsi,
+        csinode_too: bool,
+    ) -> (Arc<Driver>, Arc<Handler>) {
         let pv = api.put(&pv("pv1", csi_spec(&["ReadWriteOnce"])));
         caches.apply_pv(&pv);
-        caches.apply_csinode(&csinode(&[(DRIVER, "id-1")]));
-        let mut added = va(Some("pv1"));
-        added.metadata.uid = Some("uid-1".into());
-        added.metadata.creation_timestamp = Some(now());
-        let added = api.put(&added);
-        caches.apply_va(&added);
-
+        if csinode_too {
+            caches.apply_csinode(&csinode(&[(DRIVER, "id-1")]));
+        }
         let defaults = Defaults::with_identity(&Args::default(), "test-host".into());
         let settings = defaults.settings_for("/fake/csi.sock".parse().expect("a path"));
         let driver = Driver::named(settings, Origin::Configured, DRIVER);
@@ -317,10 +322,59 @@ mod tests {
                 save_error_code: true,
             },
         ))));
+        (driver, handler)
+    }
+
+    /// A new VA `va` of `pv1`, in the API server and the caches.
+    fn added_va(api: &FakeApi, caches: &mut TestStores) -> VolumeAttachment {
+        let mut added = va(Some("pv1"));
+        added.metadata.uid = Some("uid-1".into());
+        added.metadata.creation_timestamp = Some(now());
+        let added = api.put(&added);
+        caches.apply_va(&added);
+        added
+    }
+
+    #[tokio::test]
+    async fn a_vas_error_shows_in_drivers_until_it_syncs() {
+        let api = FakeApi::default();
+        let mut caches = TestStores::new();
+        let hub = context(&api, caches.stores.clone());
+        let csi = FakeCsi::new(DRIVER);
+        let (driver, handler) = rig(&api, &mut caches, &csi, false).await;
+        let added = added_va(&api, &mut caches);
+        let workers = driver.clone().start_workers(&hub.shared, &handler);
+        driver.on_va(None, &lean_va(&added));
+        let last_error = || driver.describe()["lastError"].as_str().map(str::to_owned);
+        eventually("the CSINode error", || last_error().is_some()).await;
+        let shown = driver.describe();
+        assert!(
+            shown["lastError"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("va: ") && e.contains("not found")),
+            "{shown}"
+        );
+        assert!(shown["lastErrorTime"].is_string(), "{shown}");
+        // The node plugin registers; the retry attaches and the error is over.
+        caches.apply_csinode(&csinode(&[(DRIVER, "id-1")]));
+        eventually("the error to clear", || last_error().is_none()).await;
+        assert!(driver.describe()["lastErrorTime"].is_null());
+        assert_eq!(csi.calls_of("ControllerPublishVolume").len(), 1);
+        driver.stop_workers(workers).await;
+    }
+
+    #[tokio::test]
+    async fn the_workers_attach_an_added_va_once_and_detach_it_once_deleted() {
+        let api = FakeApi::default();
+        let mut caches = TestStores::new();
+        let hub = context(&api, caches.stores.clone());
+        let csi = FakeCsi::new(DRIVER);
+        let (driver, handler) = rig(&api, &mut caches, &csi, true).await;
+        let added = added_va(&api, &mut caches);
         let workers = driver.clone().start_workers(&hub.shared, &handler);
 
         // The initial sync and the add event both queue the VA: one publish.
-        driver.on_va(None, &added);
+        driver.on_va(None, &lean_va(&added));
         let attached = || {
             api.get::<VolumeAttachment>(None, "va")
                 .and_then(|v| v.status)
@@ -329,7 +383,7 @@ mod tests {
         eventually("the attach", attached).await;
         let stored: VolumeAttachment = api.get(None, "va").expect("the VA");
         caches.apply_va(&stored);
-        driver.on_va(Some(&added), &stored);
+        driver.on_va(Some(&lean_va(&added)), &lean_va(&stored));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(csi.calls_of("ControllerPublishVolume").len(), 1);
         let e2e = |h: &prometheus::HistogramVec| h.with_label_values(&[DRIVER]).get_sample_count();
@@ -344,7 +398,7 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(now());
         let deleting = api.put(&deleting);
         caches.apply_va(&deleting);
-        driver.on_va(Some(&stored), &deleting);
+        driver.on_va(Some(&lean_va(&stored)), &lean_va(&deleting));
         eventually("the detach", || {
             api.get::<VolumeAttachment>(None, "va").is_none()
         })
@@ -357,7 +411,7 @@ mod tests {
         );
         driver.stop_workers(workers).await;
         // Without workers, events are dropped.
-        driver.on_va(None, &added);
+        driver.on_va(None, &lean_va(&added));
         assert!(driver.queue_depths().iter().all(|(_, q)| q.is_empty()));
     }
 }

@@ -72,8 +72,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Name of the metrics Service of the selected shape. */}}
 {{- define "attacher-hub.metricsServiceName" -}}
-{{- if .Values.metrics.service.name -}}
-{{- .Values.metrics.service.name -}}
+{{- if .Values.service.name -}}
+{{- .Values.service.name -}}
 {{- else if eq .Values.mode "daemonset" -}}
 {{- printf "%s-node-metrics" (include "attacher-hub.fullname" .) -}}
 {{- else -}}
@@ -183,7 +183,7 @@ args:
   {{- end }}
 {{ include "attacher-hub.containerCommon" (dict "root" . "env" (list (dict "name" "ADDRESS" "value" (printf "%s/%s" .Values.sidecar.socketDir .Values.sidecar.socketName)))) }}
 {{ include "attacher-hub.livenessProbe" . }}
-{{- with .Values.sidecar.resources }}
+{{- with (default .Values.sidecar.resources .Values.resources) }}
 resources:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -192,4 +192,7 @@ securityContext:
 volumeMounts:
   - name: socket-dir
     mountPath: {{ .Values.sidecar.socketDir }}
+  {{- with .Values.extraVolumeMounts }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- end -}}
