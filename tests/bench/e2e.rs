@@ -48,11 +48,16 @@ const RUN_LABEL: &str = "attacher-hub-bench/e2e-run";
 /// The flags of the attacher in the PD driver's own Deployment
 /// (`deploy/kubernetes/base/controller/controller.yaml` of the pinned
 /// module), leader election in `default`.
+/// The Deployment sets no QPS or burst: external-attacher's defaults (5 / 10,
+/// csi-lib-utils `standardflags`) are given explicitly because the test
+/// helpers' own defaults are higher.
 const FLAGS: &[&str] = &[
     "--v=5",
     "--timeout=250s",
     "--leader-election",
     "--leader-election-namespace=default",
+    "--kube-api-qps=5",
+    "--kube-api-burst=10",
 ];
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -500,7 +505,17 @@ async fn start_watches(
                             .persistent_volume_name
                             .clone()
                             .unwrap_or_default();
-                        s2.lock().expect("seen lock").vas.entry(name).or_insert((
+                        let attached = va.status.as_ref().is_some_and(|st| st.attached);
+                        let deleting = va.metadata.deletion_timestamp.is_some();
+                        let mut s = s2.lock().expect("seen lock");
+                        s.created.entry(name.clone()).or_insert(now);
+                        if attached {
+                            s.attached.entry(name.clone()).or_insert(now);
+                        }
+                        if deleting {
+                            s.deleting.entry(name.clone()).or_insert(now);
+                        }
+                        s.vas.entry(name).or_insert((
                             va.spec.attacher.clone(),
                             va.spec.node_name.clone(),
                             pv,
@@ -510,11 +525,10 @@ async fn start_watches(
                 watcher::Event::Delete(va) => {
                     if ours.contains(&va.spec.attacher) {
                         let name = va.metadata.name.clone().unwrap_or_default();
-                        s2.lock()
-                            .expect("seen lock")
-                            .deleted
-                            .entry(name)
-                            .or_insert(now);
+                        let mut s = s2.lock().expect("seen lock");
+                        // A VA deleted without a finalizer left: no update showed its deletion.
+                        s.deleting.entry(name.clone()).or_insert(now);
+                        s.deleted.entry(name).or_insert(now);
                     }
                 }
                 watcher::Event::InitDone => {

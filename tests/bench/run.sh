@@ -8,8 +8,10 @@
 #
 # Then the end-to-end configuration (tests/bench_e2e.rs, tests/bench/e2e.rs):
 # Pods through kube-controller-manager, started on the same control plane only
-# now (it would add its own load to the runs above); report in
-# target/bench-e2e-report.md. BENCH_E2E=0 skips it; BENCH_E2E_ONLY=1 runs only it.
+# now (it would add its own load to the runs above); its report goes to
+# target/bench-e2e-report.md and is appended to target/bench-report.md.
+# BENCH_E2E=0 skips it; BENCH_E2E_ONLY=1 runs only it (then the main report is
+# left as it was); sizes: BENCH_E2E_* (tests/bench/e2e.rs).
 # BENCH_CLUSTER_DIR overrides the control plane's directory (.work/bench-cluster).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,16 +30,20 @@ scripts/cluster-up.sh "$dir" >/dev/null
 # shellcheck disable=SC1091
 . "$dir/env"
 
-t0=$(date +%s)
 if [ "${BENCH_E2E_ONLY:-0}" != 1 ]; then
+  t0=$(date +%s)
   cargo test $profile --test bench -- --ignored --nocapture --test-threads=1
+  echo "bench: finished in $(( $(date +%s) - t0 )) s" >&2
 fi
-echo "bench: finished in $(( $(date +%s) - t0 )) s" >&2
 
 # --- end to end: Pods through kube-controller-manager ---------------------------
 if [ "${BENCH_E2E:-1}" != 0 ]; then
   t0=$(date +%s)
   scripts/cluster-up.sh --controller-manager "$dir" >/dev/null
+  rm -f target/bench-e2e-report.md
   cargo test $profile --test bench_e2e -- --ignored --nocapture --test-threads=1
+  if [ "${BENCH_E2E_ONLY:-0}" != 1 ] && [ -f target/bench-e2e-report.md ]; then
+    { echo; cat target/bench-e2e-report.md; } >> target/bench-report.md
+  fi
   echo "bench: end-to-end configuration finished in $(( $(date +%s) - t0 )) s" >&2
 fi
