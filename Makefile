@@ -43,6 +43,8 @@ clippy:
 	cargo clippy --all-targets -- -D warnings
 
 # Sizes and repeats: BENCH_* variables (tests/bench.rs); runs on a fresh control plane of its own.
+# Then the end-to-end configuration (Pods through kube-controller-manager): BENCH_E2E=0 skips it,
+# BENCH_E2E_ONLY=1 runs only it (tests/bench/e2e.rs, docs/benchmarks.md).
 bench:
 	@tests/bench/run.sh
 

@@ -5,6 +5,13 @@
 #
 # Usage: tests/bench/run.sh            (sizes and repeats: BENCH_* variables,
 #                                       see tests/bench.rs)
+#
+# Then the end-to-end configuration (tests/bench_e2e.rs, tests/bench/e2e.rs):
+# Pods through kube-controller-manager, started on the same control plane only
+# now (it would add its own load to the runs above); its report goes to
+# target/bench-e2e-report.md and is appended to target/bench-report.md.
+# BENCH_E2E=0 skips it; BENCH_E2E_ONLY=1 runs only it (then the main report is
+# left as it was); sizes: BENCH_E2E_* (tests/bench/e2e.rs).
 # BENCH_CLUSTER_DIR overrides the control plane's directory (.work/bench-cluster).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -13,7 +20,7 @@ dir=${BENCH_CLUSTER_DIR:-$repo/.work/bench-cluster}
 profile=${BENCH_PROFILE:---release}
 
 # Build first, so that compiling does not compete with the measurements.
-cargo test $profile --test bench --no-run
+cargo test $profile --test bench --test bench_e2e --no-run
 
 # A fresh control plane: whatever an earlier run left is thrown away.
 scripts/cluster-down.sh "$dir" >/dev/null 2>&1 || true
@@ -23,6 +30,20 @@ scripts/cluster-up.sh "$dir" >/dev/null
 # shellcheck disable=SC1091
 . "$dir/env"
 
-t0=$(date +%s)
-cargo test $profile --test bench -- --ignored --nocapture --test-threads=1
-echo "bench: finished in $(( $(date +%s) - t0 )) s" >&2
+if [ "${BENCH_E2E_ONLY:-0}" != 1 ]; then
+  t0=$(date +%s)
+  cargo test $profile --test bench -- --ignored --nocapture --test-threads=1
+  echo "bench: finished in $(( $(date +%s) - t0 )) s" >&2
+fi
+
+# --- end to end: Pods through kube-controller-manager ---------------------------
+if [ "${BENCH_E2E:-1}" != 0 ]; then
+  t0=$(date +%s)
+  scripts/cluster-up.sh --controller-manager "$dir" >/dev/null
+  rm -f target/bench-e2e-report.md
+  cargo test $profile --test bench_e2e -- --ignored --nocapture --test-threads=1
+  if [ "${BENCH_E2E_ONLY:-0}" != 1 ] && [ -f target/bench-e2e-report.md ]; then
+    { echo; cat target/bench-e2e-report.md; } >> target/bench-report.md
+  fi
+  echo "bench: end-to-end configuration finished in $(( $(date +%s) - t0 )) s" >&2
+fi
