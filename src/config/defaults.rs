@@ -71,6 +71,7 @@ impl Defaults {
             timeout: self.timeout,
             attach_workers: self.worker_threads,
             detach_workers: self.worker_threads,
+            csi_calls: self.worker_threads,
             retry_interval_start: self.retry_interval_start,
             retry_interval_max: self.retry_interval_max,
             reconcile_sync: self.reconcile_sync,
