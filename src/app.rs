@@ -48,6 +48,10 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
     // The flags' per-driver settings: the single driver in sidecar mode, the
     // defaults of every entry of `--config`.
     let defaults = config::Defaults::from_args(&args).map_err(Error::Identity)?;
+    if args.leader_election.enabled {
+        // Once here, rather than on every line of every elector.
+        tracing::info!(identity = %defaults.identity(), "leader election identity");
+    }
     // Exhaustive: a new flag must be placed somewhere here.
     let Args {
         resync,

@@ -36,6 +36,11 @@ impl Defaults {
         Ok(Self::with_identity(args, leader::default_identity()?))
     }
 
+    /// The Lease holder identity of this process.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
     /// As [`Defaults::from_args`], with the given Lease holder identity.
     pub fn with_identity(args: &Args, identity: String) -> Self {
         Self {

@@ -254,12 +254,9 @@ impl LeaderElector {
         shutdown: CancellationToken,
     ) -> (watch::Receiver<Leadership>, JoinHandle<Result<()>>) {
         let rx = self.tx.subscribe();
-        let span = info_span!(
-            "leader_election",
-            lease = %self.config.name,
-            namespace = %self.config.namespace,
-            identity = %self.config.identity,
-        );
+        // The Lease and its namespace: the driver (and so the Lease) comes from the span of
+        // the caller; the identity is the process's, logged once at start-up.
+        let span = info_span!("leader_election", lease_namespace = %self.config.namespace);
         let handle = tokio::spawn(self.run(shutdown).instrument(span));
         (rx, handle)
     }

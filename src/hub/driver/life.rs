@@ -140,8 +140,11 @@ impl Driver {
         if let Err(reason) = shared.names.register(&name, &self) {
             return Outcome::Failed(reason);
         }
-        let span = tracing::info_span!("driver", driver = %name);
-        tracing::info!(parent: &span, ?caps, "driver ready");
+        tracing::Span::current().record("driver", name.as_str());
+        // Connected and named: the socket is said once here; the lines of its terms, workers,
+        // Lease and guard name the driver only.
+        let span = tracing::info_span!(parent: None, "driver", driver = %name);
+        tracing::info!(parent: &span, socket = %self.settings.address, ?caps, "driver ready");
         self.clone()
             .serve(shared, stop, &name, caps, client, losses)
             .instrument(span)
