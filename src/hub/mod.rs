@@ -57,8 +57,8 @@ pub use supervisor::{Loader, Source};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No usable kubeconfig or in-cluster configuration.
-    #[error("building the Kubernetes client configuration failed")]
-    KubeConfig(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    KubeConfig(crate::k8s::client::ConfigError),
     /// The Kubernetes client could not be built.
     #[error("building the Kubernetes client failed")]
     KubeClient(#[source] kube::Error),
@@ -136,9 +136,12 @@ pub async fn run(
         max_grpc_log_length,
     } = config;
 
-    let kube_cfg = crate::k8s::client::kube_config(kubeconfig.as_deref())
-        .await
-        .map_err(Error::KubeConfig)?;
+    let kube_cfg = crate::k8s::client::kube_config(
+        kubeconfig.as_deref(),
+        crate::k8s::client::Search::InClusterFirst,
+    )
+    .await
+    .map_err(Error::KubeConfig)?;
     let connection_metrics = crate::metrics::ConnectionMetrics::new();
     connection_metrics
         .register(&registry)

@@ -193,8 +193,14 @@ impl Supervisor {
             .collect();
         for path in &stale {
             if let Some(r) = self.running.get(path) {
-                let driver = r.driver.name().or_else(|| r.settings.expected_name.clone());
-                tracing::info!(driver = driver.unwrap_or_default(), socket = %r.settings.address, "stopping driver (removed or changed)");
+                match r.driver.name().or_else(|| r.settings.expected_name.clone()) {
+                    Some(name) => {
+                        tracing::info!(driver = %name, socket = %r.settings.address, "stopping driver (removed or changed)")
+                    }
+                    None => {
+                        tracing::info!(socket = %r.settings.address, "stopping driver (removed or changed)")
+                    }
+                }
             }
         }
         self.stop(stale).await;
@@ -206,7 +212,12 @@ impl Supervisor {
             .collect();
         new.sort_by(|a, b| a.0.cmp(&b.0));
         for (path, (settings, origin)) in new {
-            tracing::info!(driver = settings.expected_name.as_deref().unwrap_or_default(), socket = %settings.address, ?origin, "starting driver");
+            match &settings.expected_name {
+                Some(name) => {
+                    tracing::info!(driver = %name, socket = %settings.address, ?origin, "starting driver")
+                }
+                None => tracing::info!(socket = %settings.address, ?origin, "starting driver"),
+            }
             let driver = Driver::new(settings.clone(), origin);
             self.hub.registry.add_slot(driver.clone());
             let stop = CancellationToken::new();

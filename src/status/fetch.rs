@@ -83,9 +83,12 @@ pub fn pod_proxy_path(namespace: &str, pod: &str, port: u16) -> String {
 }
 
 pub(crate) async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, Error> {
-    let config = crate::k8s::client::kube_config(kubeconfig.map(PathBuf::as_path))
-        .await
-        .map_err(Error::KubeConfig)?;
+    let config = crate::k8s::client::kube_config(
+        kubeconfig.map(PathBuf::as_path),
+        crate::k8s::client::Search::KubeconfigFirst,
+    )
+    .await
+    .map_err(|e| Error::KubeConfig(e.into()))?;
     kube::Client::try_from(config).map_err(|e| Error::KubeConfig(e.into()))
 }
 

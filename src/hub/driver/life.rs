@@ -86,7 +86,9 @@ impl Driver {
         self.set_state(State::Connecting);
         let connection = tokio::select! {
             () = stop.cancelled() => return Outcome::Stopped,
-            c = Connection::connect(self.settings.address.clone(), None) => match c {
+            c = Connection::connect_reporting(self.settings.address.clone(), None, |cause| {
+                self.record_error(None, cause.to_owned());
+            }) => match c {
                 Ok(c) => c,
                 Err(e) => return Outcome::Failed(e.to_string()),
             },
@@ -144,7 +146,7 @@ impl Driver {
         // Connected and named: the socket is said once here; the lines of its terms, workers,
         // Lease and guard name the driver only.
         let span = tracing::info_span!(parent: None, "driver", driver = %name);
-        tracing::info!(parent: &span, socket = %self.settings.address, ?caps, "driver ready");
+        tracing::info!(parent: &span, socket = %self.settings.address, capabilities = %caps, "driver ready");
         self.clone()
             .serve(shared, stop, &name, caps, client, losses)
             .instrument(span)
