@@ -74,6 +74,9 @@ pub(crate) async fn balance_leases(
     let mut tick = tokio::time::interval(config.retry_period);
     // A reload that adds or removes drivers changes the share at once, not a period later.
     let mut slots_changed = hub.registry.slots_changed();
+    // Whether the last round saw another live replica, and when we last wrote our presence.
+    let mut peers = false;
+    let mut renewed: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -83,7 +86,15 @@ pub(crate) async fn balance_leases(
             }
             event = events.next() => {
                 match event {
-                    Some(Ok(event)) => apply_lease_event(&hub.shared, &mut leases, &mut listing, event),
+                    Some(Ok(event)) => {
+                        // A replica alone learns of a newcomer at once, and renews its presence
+                        // so that the newcomer counts it.
+                        let newcomer = !peers && is_other_presence(&event, presence.name());
+                        apply_lease_event(&hub.shared, &mut leases, &mut listing, event);
+                        if newcomer {
+                            tick.reset_immediately();
+                        }
+                    }
                     Some(Err(error)) => tracing::debug!(%error, "the Lease watch failed; retrying"),
                     None => break,
                 }
@@ -104,13 +115,30 @@ pub(crate) async fn balance_leases(
                 .map(|d| d.settings().address.path().to_str().unwrap_or_default()),
         );
         let known: Vec<Lease> = leases.values().cloned().collect();
+        let now = tokio::time::Instant::now();
+        peers = !balance::others_in_group(
+            &known,
+            presence.name(),
+            &group,
+            k8s_openapi::jiff::Timestamp::now(),
+            now,
+        )
+        .is_empty();
+        let own = known
+            .iter()
+            .find(|l| l.metadata.name.as_deref() == Some(presence.name()));
+        let renew = balance::presence_due(own, &group, peers, renewed, config.retry_period, now);
         let round = tokio::select! {
             () = stop.cancelled() => break,
-            r = presence.round(&hub.shared.balance, candidates.len(), &group, &known) => r,
+            r = presence.round(&hub.shared.balance, candidates.len(), &group, &known, renew) => r,
         };
-        if let Err(error) = round {
-            tracing::warn!(%error, "renewing replica presence failed");
-            continue;
+        match round {
+            Ok(_) if renew => renewed = Some(now),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "renewing replica presence failed");
+                continue;
+            }
         }
         for d in to_hand_over(&candidates, hub.shared.balance.surplus()) {
             tracing::info!(
@@ -136,6 +164,25 @@ fn to_hand_over<'a>(candidates: &[&'a Arc<Driver>], surplus: usize) -> Vec<&'a A
     leading.sort_by_key(|d| std::cmp::Reverse(d.name()));
     leading.truncate(surplus.saturating_sub(under_way));
     leading
+}
+
+/// Whether `event` shows another replica's presence Lease (applied, not deleted).
+fn is_other_presence(
+    event: &kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>,
+    own: &str,
+) -> bool {
+    use kube::runtime::watcher::Event;
+    match event {
+        Event::Apply(l) | Event::InitApply(l) => {
+            l.metadata.name.as_deref() != Some(own)
+                && l.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|m| m.get(crate::names::REPLICA_LABEL))
+                    .is_some_and(|v| v == "true")
+        }
+        _ => false,
+    }
 }
 
 /// Keeps `leases` in step with the Lease watch and passes every driver Lease it sees to that

@@ -279,10 +279,20 @@ pub async fn run(
     };
     watch_stop.cancel();
     http_stop.cancel();
+    // Let them end on their tokens (the balancing task deletes the replica's presence Lease,
+    // within its own bound), then abort what is left.
+    let _ = tokio::time::timeout(CRITICAL_STOP_TIMEOUT, async {
+        while critical.join_next().await.is_some() {}
+    })
+    .await;
     critical.shutdown().await;
     tracing::info!("stopped");
     died.map_or(Ok(()), Err)
 }
+
+/// How long the hub's own tasks may take to end once the drivers have stopped (the presence
+/// Lease's deletion, bounded by [`crate::leader::balance::REMOVE_TIMEOUT`], is the slowest).
+const CRITICAL_STOP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A task the hub owns for its whole life.
 type CriticalTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;

@@ -41,7 +41,7 @@ const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
 const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 
 /// Longest wait for the Lease release on shutdown (bounded further by the renew deadline).
-const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// This candidate's view of the election, published through a `watch` channel.
 #[derive(Clone, Debug, PartialEq, Eq)]
