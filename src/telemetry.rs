@@ -210,7 +210,7 @@ where
         for (k, v) in own.0 {
             fields.set(&k, v);
         }
-        let line = render(self.format, event.metadata(), fields, Now::now());
+        let line = render(self.format, event.metadata(), fields, Now::current());
         // One write per line, so that lines of concurrent tasks never interleave.
         let _ = (self.make)().write_all(line.as_bytes());
     }
@@ -223,7 +223,7 @@ struct Now {
 }
 
 impl Now {
-    fn now() -> Self {
+    fn current() -> Self {
         Now {
             at: k8s_openapi::jiff::Timestamp::now(),
         }

@@ -26,8 +26,10 @@ pub(super) const RETRY: Duration = Duration::from_secs(1);
 /// The settings of a driver at `/fake/csi.sock` with two workers per pool, electing (or not)
 /// in namespace `default` as `me`.
 pub(super) fn settings(leader_election: bool) -> Settings {
-    let mut args = Args::default();
-    args.worker_threads = 2;
+    let mut args = Args {
+        worker_threads: 2,
+        ..Args::default()
+    };
     args.leader_election.enabled = leader_election;
     args.leader_election.namespace = Some("default".into());
     args.leader_election.lease_duration = LEASE;
