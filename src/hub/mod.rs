@@ -5,8 +5,9 @@
 //! The parts: [`driver`] (one driver's life), [`registry`] (the drivers by name and slot),
 //! [`dispatch`] (watch events to drivers), [`supervisor`] (the running set follows the driver
 //! list), [`discovery`] (driver sockets found at run time), [`status`] (what the HTTP listener
-//! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas)
-//! and [`context`] (what the hub's tasks share). [`run`] wires them.
+//! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas),
+//! [`reload`] (how the driver list's loads went) and [`context`] (what the hub's tasks share).
+//! [`run`] wires them.
 
 pub mod balance_loop;
 pub mod context;
@@ -15,6 +16,7 @@ pub mod dispatch;
 pub mod driver;
 pub mod gauges;
 pub mod registry;
+pub mod reload;
 pub mod status;
 pub mod supervisor;
 
@@ -199,10 +201,18 @@ pub async fn run(
         max_grpc_log_length,
         lease_feeds: DashMap::new(),
     });
+    let config_path = match &source {
+        Source::File { path, .. } => Some(path.display().to_string()),
+        _ => None,
+    };
     let hub = Arc::new(Context {
         shared: shared.clone(),
         registry: hub_registry.clone(),
         first_reconcile: CancellationToken::new(),
+        config: reload::ConfigStatus::new(
+            config_path,
+            crate::metrics::config::ConfigMetrics::register(&registry).map_err(Error::Metrics)?,
+        ),
     });
     if let Some(b) = balance {
         own(

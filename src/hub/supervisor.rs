@@ -128,9 +128,11 @@ impl Supervisor {
                         Ok(config) => {
                             configured = config.drivers;
                             self.hub.shared.api_cap.set_limit(config.hub_api_cap);
+                            self.hub.config.reloaded();
                         }
                         Err(error) => {
-                            tracing::error!(%error, "the new driver file is invalid; keeping the running configuration")
+                            tracing::error!(%error, "the new driver file is invalid; keeping the running configuration");
+                            self.hub.config.rejected(&error);
                         }
                     }
                 }

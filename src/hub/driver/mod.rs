@@ -287,6 +287,7 @@ impl Driver {
         serde_json::json!({
             "socket": self.settings.address.to_string(),
             "name": info.name,
+            "configuredName": self.settings.expected_name,
             "state": state,
             "capabilities": info.capabilities,
             "lease": info.lease,
