@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Starts a local Kubernetes control plane (etcd + kube-apiserver, no
-# controllers, no kubelet) on free loopback ports, in the background.
+# Starts a local Kubernetes control plane (etcd + kube-apiserver; no
+# controllers unless asked for, no kubelet) on free loopback ports, in the
+# background.
 #
-# Usage: scripts/cluster-up.sh [DIR]      (DIR defaults to .work/cluster)
+# Usage: scripts/cluster-up.sh [--controller-manager] [DIR]
+#                                        (DIR defaults to .work/cluster)
 #
 # - TLS with a throw-away CA, client-certificate authentication, RBAC.
 # - DIR/admin.kubeconfig: user test-admin in system:masters.
@@ -12,12 +14,21 @@
 #   ATTACHER_TEST_ATTACHER_KUBECONFIG, ATTACHER_TESTBINS, ATTACHER_TEST_APISERVER.
 # - DIR/*.pid, DIR/*.log: the two processes; scripts/cluster-down.sh stops them.
 # - DIR/startup.txt: start-up time and resident memory of this start.
+# - --controller-manager also starts kube-controller-manager (if it does not
+#   run yet) with the attach-detach controller, which creates and deletes the
+#   VolumeAttachments of scheduled Pods, and the PV binder, which binds claims
+#   (and asks external provisioners for volumes); as user
+#   kube-controller-manager in system:masters (DIR/controller-manager.kubeconfig),
+#   no leader election, no serving port; log in DIR/controller-manager.log.
+#   Tests that need it ask for it; it then runs until scripts/cluster-down.sh.
 #
 # Idempotent: when a healthy control plane already runs from DIR it is reused.
 # Concurrent callers are serialised by a lock on DIR/lock.
 # The last line printed on stdout is the admin kubeconfig path.
 set -euo pipefail
 . "$(dirname "$0")/cluster-lib.sh"
+with_cm=0
+if [ "${1:-}" = --controller-manager ]; then with_cm=1; shift; fi
 dir=$(cluster_dir "${1:-}")
 
 exec 9>"$dir/lock"
@@ -29,11 +40,13 @@ if cluster_healthy "$dir"; then
   bins=$("$repo_root/tools/testbins/build.sh" | tail -n 1)
   sed -i "s|^export ATTACHER_TESTBINS=.*|export ATTACHER_TESTBINS=$bins|" "$dir/env"
   echo "cluster: reusing the control plane running from $dir" >&2
+  if [ "$with_cm" = 1 ]; then start_controller_manager "$dir" "$bins" || exit 1; fi
   echo "$dir/admin.kubeconfig"
   exit 0
 fi
 
 # Leftovers of a crashed or half-started control plane.
+stop_pid "$dir" controller-manager
 stop_pid "$dir" apiserver
 stop_pid "$dir" etcd
 rm -rf "$dir/pki" "$dir/etcd" "$dir/certs" "$dir/env" "$dir"/*.kubeconfig "$dir"/*.log
@@ -100,7 +113,7 @@ wait_until() { # seconds name log probe...
   shift 3
   end=$(( $(date +%s) + secs ))
   until "$@" >/dev/null 2>&1; do
-    pid_of "$dir" "$name" >/dev/null || fail "$name exited during start-up" "$log"
+    alive "$dir" "$name" || fail "$name exited during start-up" "$log"
     [ "$(date +%s)" -lt "$end" ] || fail "$name not ready after ${secs}s" "$log"
     sleep 0.1
   done
@@ -134,29 +147,8 @@ wait_until 60 apiserver "$dir/apiserver.log" \
   "$api_url/api/v1/namespaces/default"
 
 # --- kubeconfigs ------------------------------------------------------------
-b64() { base64 -w0 < "$1"; }
-kubeconfig() { # user file
-  cat > "$2" <<KUBECONFIG
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: $api_url
-    certificate-authority-data: $(b64 "$pki/ca.crt")
-users:
-- name: $1
-  user:
-    client-certificate-data: $(b64 "$pki/$1.crt")
-    client-key-data: $(b64 "$pki/$1.key")
-contexts:
-- name: local
-  context: {cluster: local, user: $1, namespace: default}
-current-context: local
-KUBECONFIG
-}
-kubeconfig admin "$dir/admin.kubeconfig"
-kubeconfig attacher "$dir/attacher.kubeconfig"
+write_kubeconfig admin "$dir/admin.kubeconfig"
+write_kubeconfig attacher "$dir/attacher.kubeconfig"
 
 "$bins/kubectl" --kubeconfig "$dir/admin.kubeconfig" apply -f "$repo_root/scripts/attacher-rbac.yaml" >&2 \
   || fail "applying scripts/attacher-rbac.yaml failed" "$dir/apiserver.log"
@@ -182,4 +174,5 @@ export ATTACHER_TEST_APISERVER=$api_url
 ENV
 
 echo "cluster: up at $api_url in ${startup}s (PKI + etcd + apiserver + RBAC; apiserver RSS $((api_rss / 1024)) MiB, etcd RSS $((etcd_rss / 1024)) MiB); logs in $dir" >&2
+if [ "$with_cm" = 1 ]; then start_controller_manager "$dir" "$bins" || exit 1; fi
 echo "$dir/admin.kubeconfig"

@@ -1,33 +1,46 @@
 #!/usr/bin/env bash
 # `make demo`: attacher-hub serving three CSI drivers at once, on a local
-# control plane, watched through a live table.
+# control plane, at the level a user thinks in: Pods and their claims.
 #
 #   1. builds attacher-hub and the Rust mock driver (cargo, release) and the
 #      Go test tools (through scripts/cluster-up.sh, cached after the first run);
-#   2. starts etcd + kube-apiserver (or reuses the ones running from CLUSTER_DIR);
-#   3. starts three mock CSI drivers in a fresh temporary directory: two Rust
-#      mocks (mock-csi-driver) and one Go mock (mockcsi);
-#   4. creates Nodes, CSINodes, PersistentVolumes and VolumeAttachments
-#      (VAS per driver) with kubectl as the admin;
+#   2. starts etcd + kube-apiserver + kube-controller-manager (its
+#      attach-detach controller and PV binder), or reuses the ones running from
+#      CLUSTER_DIR (starting kube-controller-manager there if it does not run);
+#   3. starts three CSI drivers in a fresh temporary directory: the GCE PD
+#      driver's own controller service on its fake cloud (pd-controller; every
+#      attach and detach takes --pd-latency ± 20 %, as a real cloud's do), the
+#      project's Rust mock (mock-csi-driver) and the Go mock (mockcsi);
+#   4. creates Nodes (managed by the attach-detach controller, one fake-cloud
+#      instance each) with their CSINodes, and per driver PODS
+#      PersistentVolumes, their claims and one Pod each, spread over the
+#      Nodes, with kubectl as the admin. No VolumeAttachment: kube-controller-
+#      manager creates them from the Pods;
 #   5. starts one attacher-hub for all three (hub mode, drivers.yaml, leader
 #      election), as the least-privileged attacher identity;
-#   6. shows `attacher-hub status --watch`, refreshed every second: per driver
-#      its state, lease holder, queue depths, attached VolumeAttachments and
-#      last error; the URLs of /metrics and /drivers are printed before.
+#   6. shows, refreshed every second, `attacher-hub status` (per driver its
+#      state, lease holder, queue depths, attached VolumeAttachments and last
+#      error) above the Pods per driver whose volumes are attached (listed in
+#      their Node's status.volumesAttached); the URLs of /metrics and /drivers
+#      are printed before.
 #
-# Ctrl-C deletes the VolumeAttachments (the hub detaches them), then stops
-# everything the demo started: the hub, the drivers, and the control plane if
-# it was not running before. On a control plane that keeps running, the
-# demo's objects are removed.
+# Ctrl-C deletes the Pods (kube-controller-manager deletes their
+# VolumeAttachments, the hub detaches them), then stops everything the demo
+# started: the hub, the drivers, and the control plane if it was not running
+# before. On a control plane that keeps running, the demo's objects are
+# removed (kube-controller-manager keeps running with it).
 #
-# Usage: scripts/demo.sh [--until-attached] [--timeout SECONDS] [--vas N]
-#                        [--keep-logs] [--cluster-dir DIR | DIR]
-#   --until-attached  non-interactive: exit 0 as soon as every driver leads and
-#                     every VolumeAttachment is attached (printing the final
-#                     table and the URLs on stdout; `attacher-hub status
-#                     --until-attached`), exit 1
+# Usage: scripts/demo.sh [--until-attached] [--timeout SECONDS] [--pods N]
+#                        [--pd-latency DURATION] [--keep-logs]
+#                        [--cluster-dir DIR | DIR]
+#   --until-attached  non-interactive: exit 0 as soon as every Pod's volumes
+#                     are attached and every driver leads (printing the Pods
+#                     table, the hub's table and the URLs on stdout), exit 1
 #                     after --timeout (default 300) seconds
-#   --vas N           VolumeAttachments per driver (default 5)
+#   --pods N          Pods (each with one claim) per driver (default 5; --vas
+#                     is an older name of it)
+#   --pd-latency D    time each attach or detach of the PD driver's fake cloud
+#                     takes (Go duration, default 1s; 0s: none)
 #   --cluster-dir DIR control-plane directory (default .work/cluster)
 #   --keep-logs       keep the run's directory (sockets, logs, drivers.yaml,
 #                     objects.yaml) also after a clean exit; it is always kept
@@ -40,14 +53,16 @@ cd "$repo_root"
 # openssl, python3, curl, ... when missing (a fresh machine).
 "$repo_root/scripts/install-deps.sh" --no-prometheus --no-image
 
-until_attached=0 timeout=300 vas=5 nodes=3 cluster_arg= keep=0
+until_attached=0 timeout=300 vas=5 nodes=3 cluster_arg= keep=0 pd_latency=1s
 while [ $# -gt 0 ]; do
   case $1 in
     --until-attached) until_attached=1 ;;
     --timeout) timeout=${2:?--timeout needs seconds}; shift ;;
     --timeout=*) timeout=${1#*=} ;;
-    --vas) vas=${2:?--vas needs a number}; shift ;;
-    --vas=*) vas=${1#*=} ;;
+    --pods|--vas) vas=${2:?$1 needs a number}; shift ;;
+    --pods=*|--vas=*) vas=${1#*=} ;;
+    --pd-latency) pd_latency=${2:?--pd-latency needs a duration}; shift ;;
+    --pd-latency=*) pd_latency=${1#*=} ;;
     --keep-logs) keep=1 ;;
     --cluster-dir) cluster_arg=${2:?--cluster-dir needs a directory}; shift ;;
     --cluster-dir=*) cluster_arg=${1#*=} ;;
@@ -57,7 +72,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[[ $timeout =~ ^[0-9]+$ && $vas =~ ^[1-9][0-9]*$ ]] || { echo "demo: --timeout and --vas take whole numbers" >&2; exit 2; }
+[[ $timeout =~ ^[0-9]+$ && $vas =~ ^[1-9][0-9]*$ ]] || { echo "demo: --timeout and --pods take whole numbers" >&2; exit 2; }
+[[ $pd_latency =~ ^[0-9]+(ms|s)$ ]] || { echo "demo: --pd-latency takes a duration such as 1s or 500ms" >&2; exit 2; }
 
 say() { echo "demo: $*" >&2; }
 t_start=$(date +%s.%N)
@@ -91,22 +107,34 @@ stop() {
 
 k() { "$kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
+# demo_vas: "<driver> <name>" of every VolumeAttachment of the demo's drivers
+# (kube-controller-manager names them; they carry no label of the run).
+demo_vas() {
+  [ "${#driver_names[@]}" -gt 0 ] || return 0
+  k get volumeattachments -o jsonpath='{range .items[*]}{.spec.attacher}{" "}{.metadata.name}{"\n"}{end}' 2>/dev/null \
+    | grep -F -f <(printf '%s \n' "${driver_names[@]}") || true
+}
+
 on_exit() {
   local rc=$? t0 p i
   trap '' INT TERM   # cleanup runs to the end; every wait below is bounded
   echo >&2
   if [ "$objects" = 1 ] && [ -n "$hub_pid" ] && kill -0 "$hub_pid" 2>/dev/null; then
-    say "detaching: deleting the $(( vas * ${#driver_names[@]} )) VolumeAttachments; attacher-hub detaches them ..."
+    say "detaching: deleting the $(( vas * ${#driver_names[@]} )) Pods; kube-controller-manager deletes their VolumeAttachments, attacher-hub detaches them ..."
     t0=$(date +%s.%N)
-    k delete volumeattachments -l "$selector" --wait=false >/dev/null 2>&1 || true
-    if k wait --for=delete volumeattachments -l "$selector" --timeout=30s >/dev/null 2>&1; then
-      say "detaching: all detached and deleted in $(since "$t0")"
+    # No kubelet runs to confirm a graceful deletion: the Pods go at once.
+    k -n default delete pods -l "$selector" --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+    for i in $(seq 1 300); do
+      [ -z "$(demo_vas)" ] && break
+      sleep 0.2
+    done
+    if [ -z "$(demo_vas)" ]; then
+      say "detaching: all detached, their VolumeAttachments deleted, in $(since "$t0")"
     else
-      say "detaching: not all VolumeAttachments were detached within 30s (hub log: $tmp/hub.log)"
+      say "detaching: not all VolumeAttachments were detached within 60s (hub log: $tmp/hub.log)"
     fi
-    # Deleted PVs without VolumeAttachments lose the hub's finalizer. (They
-    # stay, held by kubernetes.io/pv-protection: this control plane runs no
-    # controller-manager to lift it; the clean-up below does.)
+    # Deleted PVs without VolumeAttachments lose the hub's finalizer.
+    k -n default delete pvc -l "$selector" --wait=false >/dev/null 2>&1 || true
     k delete persistentvolumes -l "$selector" --wait=false >/dev/null 2>&1 || true
     for i in $(seq 1 25); do
       if ! k get persistentvolumes -l "$selector" -o jsonpath='{.items[*].metadata.finalizers}' 2>/dev/null \
@@ -127,13 +155,14 @@ on_exit() {
   elif [ "$objects" = 1 ]; then
     # A control plane that keeps running gets back to where it was. Whatever
     # is left (the hub died early) loses its finalizers first.
-    for kind in volumeattachments persistentvolumes; do
-      k get "$kind" -l "$selector" -o name 2>/dev/null | while read -r o; do
-        k patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-      done
-    done
-    k delete volumeattachments,persistentvolumes,csinodes,nodes -l "$selector" \
+    k -n default delete pods,pvc -l "$selector" --grace-period=0 --force \
       --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    for o in $(demo_vas | awk '{print "volumeattachment/" $2}') \
+      $(k get persistentvolumes -l "$selector" -o name 2>/dev/null); do
+      k patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+      k delete "$o" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    done
+    k delete csinodes,nodes -l "$selector" --ignore-not-found --wait=false >/dev/null 2>&1 || true
     for n in "${driver_names[@]}"; do
       k -n default delete lease "external-attacher-leader-${n//[^a-zA-Z0-9-]/-}" \
         --ignore-not-found >/dev/null 2>&1 || true
@@ -182,12 +211,12 @@ t0=$(date +%s.%N)
 if cluster_healthy "$dir"; then
   say "reusing the control plane running from $dir"
 else
-  say "starting etcd and kube-apiserver in $dir (the first run also builds the Go tools: ~15 min on 2 cores) ..."
+  say "starting etcd, kube-apiserver and kube-controller-manager in $dir (the first run also builds the Go tools: ~25 min on 2 cores) ..."
   started_cluster=1
 fi
 # Its progress lines (Go tools build, start-up time) are shown; all of its
 # output is in $tmp/cluster-up.log.
-"$repo_root/scripts/cluster-up.sh" "$dir" 2>&1 >"$tmp/cluster-up.out" | tee "$tmp/cluster-up.log" \
+"$repo_root/scripts/cluster-up.sh" --controller-manager "$dir" 2>&1 >"$tmp/cluster-up.out" | tee "$tmp/cluster-up.log" \
   | sed -u -n '/^cluster: reusing/d; /^\(testbins\|cluster\): /p' >&2 \
   || fail "scripts/cluster-up.sh $dir failed; logs in $dir" "$tmp/cluster-up.log"
 kubeconfig=$(tail -n 1 "$tmp/cluster-up.out")
@@ -197,81 +226,119 @@ kubectl=$ATTACHER_TESTBINS/kubectl
 [ "$started_cluster" = 1 ] && say "control plane up at $ATTACHER_TEST_APISERVER in $(since "$t0")"
 
 # --- 3. drivers -------------------------------------------------------------------
-declare -A volume_ids mock_kind
-# start_driver TAG KIND: starts a mock, waits for `ready`, records volume IDs.
-start_driver() {
-  local tag=$1 kind=$2 name=$1.demo-$run.example.com sock=$tmp/$1.sock i
-  if [ "$kind" = go ]; then
-    setsid "$ATTACHER_TESTBINS/mockcsi" --endpoint="$sock" --name="$name" --volumes="$vas" -v=2 \
-      </dev/null >"$tmp/$tag.out" 2>"$tmp/$tag.log" &
-  else
-    setsid "$mock_bin" --endpoint "$sock" --name "$name" --volumes "$vas" \
-      </dev/null >"$tmp/$tag.out" 2>"$tmp/$tag.log" &
-  fi
-  driver_pids+=($!)
+declare -A volume_ids driver_kind
+node_name() { echo "demo-$run-node-$1"; }
+# wait_ready TAG PID: waits for the driver's `ready` line.
+wait_ready() {
+  local tag=$1 pid=$2 i
   for i in $(seq 1 300); do
-    grep -qx ready "$tmp/$tag.out" 2>/dev/null && break
-    kill -0 "$!" 2>/dev/null || break
+    grep -qx ready "$tmp/$tag.out" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
-  grep -qx ready "$tmp/$tag.out" 2>/dev/null || fail "driver $name did not start" "$tmp/$tag.log"
-  if [ "$kind" = go ]; then
-    # mockcsi prints "vol-<i> <volume id>" per pre-created volume.
-    volume_ids[$tag]=$(awk '/^vol-/ {print $2}' "$tmp/$tag.out" | tr '\n' ' ')
-    mock_kind[$name]="Go mockcsi"
-  else
-    volume_ids[$tag]=$(for ((i = 0; i < vas; i++)); do printf 'vol-%d ' "$i"; done)
-    mock_kind[$name]="Rust mock-csi-driver"
-  fi
-  driver_names+=("$name")
-  say "driver $name (${mock_kind[$name]}) serving unix://$sock"
+  fail "driver $tag did not start" "$tmp/$tag.log"
 }
-start_driver rust-a rust
-start_driver rust-b rust
+# start_driver TAG KIND: starts a driver, waits for `ready`, records volume IDs.
+start_driver() {
+  local tag=$1 kind=$2 name=$1.demo-$run.example.com sock=$tmp/$1.sock i n disks= instances=
+  case $kind in
+    pd)
+      for ((i = 0; i < vas; i++)); do disks+=${disks:+,}demo-$run-pd-$i; done
+      for ((n = 1; n <= nodes; n++)); do instances+=${instances:+,}$(node_name "$n"); done
+      setsid "$ATTACHER_TESTBINS/pd-controller" --endpoint="$sock" --name="$name" \
+        --instances="$instances" --disks="$disks" --latency="$pd_latency" --jitter=0.2 -v=2 \
+        </dev/null >"$tmp/$tag.out" 2>"$tmp/$tag.log" &
+      ;;
+    go)
+      setsid "$ATTACHER_TESTBINS/mockcsi" --endpoint="$sock" --name="$name" --volumes="$vas" -v=2 \
+        </dev/null >"$tmp/$tag.out" 2>"$tmp/$tag.log" &
+      ;;
+    rust)
+      setsid "$mock_bin" --endpoint "$sock" --name "$name" --volumes "$vas" \
+        </dev/null >"$tmp/$tag.out" 2>"$tmp/$tag.log" &
+      ;;
+  esac
+  driver_pids+=($!)
+  wait_ready "$tag" "$!"
+  case $kind in
+    pd)
+      volume_ids[$tag]=$(for ((i = 0; i < vas; i++)); do
+        printf 'projects/test-project/zones/country-region-zone/disks/demo-%s-pd-%d ' "$run" "$i"; done)
+      driver_kind[$name]="GCE PD driver (fake cloud, ${pd_latency} per attach)"
+      ;;
+    go)
+      # mockcsi prints "vol-<i> <volume id>" per pre-created volume.
+      volume_ids[$tag]=$(awk '/^vol-/ {print $2}' "$tmp/$tag.out" | tr '\n' ' ')
+      driver_kind[$name]="Go mockcsi"
+      ;;
+    rust)
+      volume_ids[$tag]=$(for ((i = 0; i < vas; i++)); do printf 'vol-%d ' "$i"; done)
+      driver_kind[$name]="Rust mock-csi-driver"
+      ;;
+  esac
+  driver_names+=("$name")
+  say "driver $name (${driver_kind[$name]}) serving unix://$sock"
+}
+start_driver pd pd
+start_driver rust rust
 start_driver go go
 
 # --- 4. Kubernetes objects ----------------------------------------------------------
-# Nodes demo-<run>-node-<n>, each with one CSINode listing all three drivers
-# (the Go mock knows a single node, named like the driver), then per driver
-# VAS PersistentVolumes and one VolumeAttachment each, spread over the nodes.
-# They exist before the hub starts, so it finds them pending in its first list.
+# Nodes demo-<run>-node-<n> under the attach-detach controller, each with one
+# CSINode listing all three drivers (the PD driver's node ID names the
+# Node's instance; the Go mock knows a single node, named like the driver);
+# then per driver PODS PersistentVolumes, each with its claim (pre-bound: the
+# PV binder binds them) and a Pod using it, spread over the Nodes
+# (spec.nodeName: no scheduler runs). kube-controller-manager creates the
+# VolumeAttachments.
 yaml=$tmp/objects.yaml
 meta() { printf 'metadata:\n  name: %s\n  labels:\n    %s: "%s"\n' "$1" "$label" "$run"; }
 {
   for ((n = 1; n <= nodes; n++)); do
-    node=demo-$run-node-$n
+    node=$(node_name "$n")
     printf -- '---\napiVersion: v1\nkind: Node\n'; meta "$node"
+    printf '  annotations:\n    volumes.kubernetes.io/controller-managed-attach-detach: "true"\n'
     printf -- '---\napiVersion: storage.k8s.io/v1\nkind: CSINode\n'; meta "$node"
     printf 'spec:\n  drivers:\n'
-    for tag in rust-a rust-b go; do
+    for tag in pd rust go; do
       name=$tag.demo-$run.example.com
-      node_id=$node; [ "$tag" = go ] && node_id=$name
+      case $tag in
+        pd) node_id=projects/test-project/zones/country-region-zone/instances/$node ;;
+        go) node_id=$name ;;
+        *) node_id=$node ;;
+      esac
       printf '    - name: %s\n      nodeID: %s\n' "$name" "$node_id"
     done
   done
-  for tag in rust-a rust-b go; do
+  for tag in pd rust go; do
     name=$tag.demo-$run.example.com i=0
     for vol in ${volume_ids[$tag]}; do
-      obj=demo-$run-$tag-$i node=demo-$run-node-$(( i % nodes + 1 ))
+      obj=demo-$run-$tag-$i node=$(node_name $(( i % nodes + 1 )))
       printf -- '---\napiVersion: v1\nkind: PersistentVolume\n'; meta "$obj"
-      printf 'spec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n'
+      printf 'spec:\n  capacity: {storage: 10Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: ""\n'
       printf '  persistentVolumeReclaimPolicy: Retain\n  csi: {driver: %s, volumeHandle: "%s"}\n' "$name" "$vol"
-      printf -- '---\napiVersion: storage.k8s.io/v1\nkind: VolumeAttachment\n'; meta "$obj"
-      printf 'spec:\n  attacher: %s\n  nodeName: %s\n  source: {persistentVolumeName: %s}\n' "$name" "$node" "$obj"
+      printf '  claimRef: {namespace: default, name: %s}\n' "$obj"
+      printf -- '---\napiVersion: v1\nkind: PersistentVolumeClaim\n'; meta "$obj"
+      printf '  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: ""\n'
+      printf '  volumeName: %s\n  resources: {requests: {storage: 10Gi}}\n' "$obj"
+      printf -- '---\napiVersion: v1\nkind: Pod\n'; meta "$obj"
+      printf '  namespace: default\nspec:\n  nodeName: %s\n' "$node"
+      printf '  containers: [{name: app, image: registry.k8s.io/pause:3.10}]\n'
+      printf '  volumes: [{name: data, persistentVolumeClaim: {claimName: %s}}]\n' "$obj"
       i=$((i + 1))
     done
   done
 } >"$yaml"
 k create -f "$yaml" >"$tmp/create.log" 2>&1 || { objects=1; fail "kubectl create -f $yaml failed" "$tmp/create.log"; }
 objects=1
-say "created $nodes Nodes with CSINodes, and $vas PersistentVolumes + $vas VolumeAttachments per driver (label $selector)"
-say "  see them with: $kubectl --kubeconfig $kubeconfig get volumeattachments -l $selector"
+say "created $nodes Nodes with CSINodes, and per driver $vas PersistentVolumes, claims and Pods (label $selector);"
+say "  kube-controller-manager creates the VolumeAttachments; see them with: $kubectl --kubeconfig $kubeconfig get pods,volumeattachments"
 
 # --- 5. attacher-hub --------------------------------------------------------------
 {
-  echo "# attacher-hub demo run $run: the three mock drivers"
+  echo "# attacher-hub demo run $run: the PD driver and the two mocks"
   echo "drivers:"
-  for tag in rust-a rust-b go; do echo "  - address: unix://$tmp/$tag.sock"; done
+  for tag in pd rust go; do echo "  - address: unix://$tmp/$tag.sock"; done
 } >"$tmp/drivers.yaml"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 hub_url=http://127.0.0.1:$port
@@ -291,18 +358,23 @@ say "attacher-hub (pid $hub_pid) serving the three drivers; config $tmp/drivers.
 say "setup took $(since "$t_start")"
 
 # --- 6. the table ---------------------------------------------------------------------
-# `attacher-hub status` reads the hub's /drivers and counts this run's
-# VolumeAttachments (selected by the run's label) per driver.
+# `attacher-hub status` reads the hub's /drivers and counts each driver's
+# VolumeAttachments; scripts/demo-pods.py shows the Pods per driver whose
+# volumes are attached (in their Node's status.volumesAttached).
 say "metrics: $hub_url/metrics"
 say "drivers: $hub_url/drivers"
-status=("$hub_bin" status --address "$hub_url" --kubeconfig "$kubeconfig" --selector "$selector"
-  --interval 1s)
+status=("$hub_bin" status --address "$hub_url" --kubeconfig "$kubeconfig" --interval 1s)
+pods=("$repo_root/scripts/demo-pods.py" --kubectl "$kubectl" --kubeconfig "$kubeconfig"
+  --selector "$selector")
+for n in "${driver_names[@]}"; do pods+=(--kind "$n=${driver_kind[$n]}"); done
 if [ "$until_attached" = 1 ]; then
-  "${status[@]}" --until-attached --wait-timeout "${timeout}s" || exit $?
+  "${pods[@]}" --until-attached --expect $(( vas * ${#driver_names[@]} )) --timeout "$timeout" || exit $?
+  echo
+  "${status[@]}" --until-attached --wait-timeout 60s || exit $?
   echo "metrics:  $hub_url/metrics"
   echo "drivers:  $hub_url/drivers"
-  say "every VolumeAttachment attached $(since "$hub_t0") after attacher-hub started"
+  say "every Pod's volumes attached $(since "$hub_t0") after attacher-hub started"
 else
   interrupt_rc=0
-  "${status[@]}" --watch || { rc=$?; [ "$rc" = 130 ] && exit 0; exit "$rc"; }
+  "${pods[@]}" --watch --hub-status "${status[@]}" || { rc=$?; [ "$rc" = 130 ] && exit 0; exit "$rc"; }
 fi

@@ -5,15 +5,16 @@
 //!                  k8s::router: one watch per kind                hub::driver (one per socket, in hub::Registry)
 //!  kube-apiserver ──VA / PV / CSINode──▶ k8s::Stores ──hub::Dispatch──▶ ┌──────────────────────────────────────┐
 //!       ▲          (shared caches,      by spec.attacher,               │ attach queue ─▶ attach workers  ─┐   │
-//!       │           managedFields       by PV finalizers                │ detach queue ─▶ detach workers  ─┼─▶ controller ──▶ CSI socket
-//!       │           stripped)                                           │ PV queue     ─▶ PV workers      ─┘   │  handlers      (csi::DriverClient)
+//!       │           lean copies of      by PV finalizers                │ detach queue ─▶ detach workers  ─┼─▶ controller ──▶ CSI socket
+//!       │           what is read)                                       │ PV queue     ─▶ PV workers      ─┘   │  handlers      (csi::DriverClient)
 //!       │                                                               │ reconciler, leader::LeaderElector,   │
 //!       │                                                               │ k8s::budget::ApiBudget               │
 //!       └──── PATCH VA / VA status / PV, GET Secret (k8s::Writer) ◀─────┴──────────────────────────────────────┘
 //! ```
 //!
 //! Data flow: [`k8s::router`] keeps one watch per kind and, once the shared
-//! [`k8s::stores`] hold a change, routes it ([`hub::dispatch`]) to the driver
+//! [`k8s::stores`] hold a change (as a [`k8s::lean`] copy: only the fields the attacher
+//! reads), routes it ([`hub::dispatch`]) to the driver
 //! named by `spec.attacher` (VAs) or by the finalizers a PV carries. Each
 //! [`hub::driver::Driver`] connects to its socket ([`csi`]), probes it, learns
 //! its name and capabilities, registers in the [`hub::registry`], wins its

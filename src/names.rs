@@ -1,5 +1,5 @@
 //! The names attacher-hub shares with external-attacher and among its own replicas: finalizers,
-//! annotations, Lease names and work-queue names.
+//! annotations and labels, Lease names and work-queue names.
 //!
 //! A leaf: it uses nothing of the crate, so that leader election, metrics, balancing, the
 //! controller, the hub and the configuration name things alike without reaching into each
@@ -11,6 +11,23 @@ pub const NODE_ID_ANNOTATION: &str = "csi.alpha.kubernetes.io/node-id";
 
 /// PV annotation naming the CSI driver an in-tree PV was migrated to (spec §3.2, §3.10).
 pub const MIGRATED_TO_ANNOTATION: &str = "pv.kubernetes.io/migrated-to";
+
+/// PV annotation with the Azure resource group of an in-tree Azure File share (its CSI volume
+/// handle starts with it).
+pub const AZURE_FILE_RESOURCE_GROUP_ANNOTATION: &str = "kubernetes.io/azure-file-resource-group";
+
+/// PV annotation from which a migrated Portworx PV takes the name of its CSI secrets (with
+/// [`PORTWORX_SECRET_NAMESPACE_ANNOTATION`]).
+pub const PORTWORX_SECRET_NAME_ANNOTATION: &str = "openstorage.io/auth-secret-name";
+
+/// PV annotation from which a migrated Portworx PV takes the namespace of its CSI secrets.
+pub const PORTWORX_SECRET_NAMESPACE_ANNOTATION: &str = "openstorage.io/auth-secret-namespace";
+
+/// Zone label of a GCE PD PV, read first when translating it (csi-translation-lib).
+pub const BETA_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
+
+/// Zone label of a GCE PD PV, read when [`BETA_ZONE_LABEL`] is empty or missing.
+pub const GA_ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Prefix of the finalizer put on VolumeAttachments and PersistentVolumes.
 pub const FINALIZER_PREFIX: &str = "external-attacher/";

@@ -1,12 +1,15 @@
 //! `make demo` end to end in its non-interactive mode: `scripts/demo.sh
-//! --until-attached` starts two Rust mocks, one Go mock and attacher-hub on the
-//! shared control plane, creates VolumeAttachments for all three drivers and
-//! exits once they are attached, printing the final table of `attacher-hub
-//! status` on stdout.
+//! --until-attached` starts the GCE PD driver's controller on its fake cloud,
+//! one Rust mock, one Go mock and attacher-hub on the shared control plane
+//! (with kube-controller-manager), creates Pods with claims for all three
+//! drivers (no VolumeAttachment: kube-controller-manager makes them) and exits
+//! once every Pod's volumes are attached, printing the Pods per driver and the
+//! final table of `attacher-hub status` on stdout.
 //!
 //! The demo gets the control-plane directory of the harness's cluster, so it
 //! reuses that cluster instead of starting another, and cargo's own binaries,
-//! so it does not run a release build inside the test.
+//! so it does not run a release build inside the test. It keeps its run
+//! directory (`--keep-logs`) so that the test can read the objects it created.
 
 mod support;
 
@@ -16,11 +19,11 @@ use std::time::Instant;
 
 use support::Cluster;
 
-/// VolumeAttachments per driver (the demo's default).
-const VAS_PER_DRIVER: usize = 5;
+/// Pods per driver (the demo's default).
+const PODS_PER_DRIVER: usize = 5;
 
 #[test]
-fn demo_until_attached_prints_three_leading_drivers_with_every_va_attached() {
+fn demo_until_attached_creates_pods_and_prints_three_leading_drivers_with_every_pod_attached() {
     let cluster = Cluster::get();
     let cluster_dir = cluster
         .kubeconfig
@@ -32,7 +35,8 @@ fn demo_until_attached_prints_three_leading_drivers_with_every_va_attached() {
     let out = Command::new(&script)
         .arg("--until-attached")
         .args(["--timeout", "180"])
-        .args(["--vas", &VAS_PER_DRIVER.to_string()])
+        .args(["--pods", &PODS_PER_DRIVER.to_string()])
+        .arg("--keep-logs")
         .arg("--cluster-dir")
         .arg(cluster_dir)
         .env("ATTACHER_HUB_BIN", env!("CARGO_BIN_EXE_attacher-hub"))
@@ -52,13 +56,13 @@ fn demo_until_attached_prints_three_leading_drivers_with_every_va_attached() {
         out.status
     );
 
-    // The table of `attacher-hub status`: a header line starting with DRIVER,
-    // then one row per driver: DRIVER STATE LEASE-HOLDER QUEUES ATTACHED
-    // LAST-ERROR.
+    // The table of `attacher-hub status` (after the Pods table): a header line
+    // starting with DRIVER and naming STATE, then one row per driver: DRIVER
+    // STATE LEASE-HOLDER QUEUES ATTACHED LAST-ERROR.
     let lines: Vec<&str> = stdout.lines().collect();
     let header = lines
         .iter()
-        .position(|l| l.starts_with("DRIVER "))
+        .position(|l| l.starts_with("DRIVER ") && l.contains(" STATE "))
         .unwrap_or_else(|| panic!("no table header in stdout:\n{stdout}"));
     let rows: Vec<Vec<&str>> = lines[header + 1..]
         .iter()
@@ -88,12 +92,13 @@ fn demo_until_attached_prints_three_leading_drivers_with_every_va_attached() {
         );
         assert_eq!(
             attached,
-            format!("{VAS_PER_DRIVER}/{VAS_PER_DRIVER}"),
+            format!("{PODS_PER_DRIVER}/{PODS_PER_DRIVER}"),
             "{driver} has not every VA attached:\n{stdout}"
         );
     }
-    // The drivers: two Rust mocks and one Go mock, as announced on stderr.
-    let mut mocks: Vec<&str> = rows
+    // The drivers: the PD controller, one Rust mock and one Go mock, as
+    // announced on stderr.
+    let mut kinds: Vec<&str> = rows
         .iter()
         .map(|row| {
             let announced = stderr
@@ -102,22 +107,65 @@ fn demo_until_attached_prints_three_leading_drivers_with_every_va_attached() {
                 .unwrap_or_else(|| panic!("driver {} not announced:\n{stderr}", row[0]));
             if announced.contains("(Go mockcsi)") {
                 "mockcsi"
+            } else if announced.contains("(GCE PD driver") {
+                "pd-controller"
             } else {
                 "mock-csi-driver"
             }
         })
         .collect();
-    mocks.sort_unstable();
+    kinds.sort_unstable();
     assert_eq!(
-        mocks,
-        ["mock-csi-driver", "mock-csi-driver", "mockcsi"],
-        "two Rust mocks and one Go mock expected:\n{stderr}"
+        kinds,
+        ["mock-csi-driver", "mockcsi", "pd-controller"],
+        "the PD driver, one Rust mock and one Go mock expected:\n{stderr}"
     );
-    let total = 3 * VAS_PER_DRIVER;
+    let total = 3 * PODS_PER_DRIVER;
     assert!(
         stdout.contains(&format!("attached: {total}/{total} VolumeAttachments")),
         "summary line missing:\n{stdout}"
     );
+
+    // The Pods table: every driver's Pods attached, seen in the Nodes' status.
+    let pods_header = lines
+        .iter()
+        .position(|l| l.starts_with("DRIVER ") && l.contains("PODS ATTACHED"))
+        .unwrap_or_else(|| panic!("no Pods table in stdout:\n{stdout}"));
+    let pod_rows: Vec<&str> = lines[pods_header + 1..]
+        .iter()
+        .take_while(|l| !l.trim().is_empty())
+        .copied()
+        .collect();
+    assert_eq!(pod_rows.len(), 3, "three driver rows of Pods:\n{stdout}");
+    for row in &pod_rows {
+        assert!(
+            row.contains(&format!(" {PODS_PER_DRIVER}/{PODS_PER_DRIVER} ")),
+            "not every Pod attached in {row:?}:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains(&format!("pods: {total}/{total} with every volume attached")),
+        "Pods summary missing:\n{stdout}"
+    );
+
+    // What the demo created: Pods and claims, never a VolumeAttachment.
+    let kept = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("demo: logs kept in "))
+        .unwrap_or_else(|| panic!("the run directory was not kept:\n{stderr}"))
+        .trim()
+        .to_string();
+    let objects = std::fs::read_to_string(Path::new(&kept).join("objects.yaml"))
+        .unwrap_or_else(|e| panic!("{kept}/objects.yaml: {e}"));
+    let count = |kind: &str| objects.matches(&format!("\nkind: {kind}\n")).count();
+    assert_eq!(count("Pod"), total, "{objects}");
+    assert_eq!(count("PersistentVolumeClaim"), total, "{objects}");
+    assert_eq!(
+        count("VolumeAttachment"),
+        0,
+        "the demo wrote VolumeAttachments:\n{objects}"
+    );
+    let _ = std::fs::remove_dir_all(&kept);
     for path in ["/metrics", "/drivers"] {
         assert!(
             stdout

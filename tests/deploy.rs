@@ -29,8 +29,9 @@ use serde_json::{Value, json};
 use tokio::process::Command;
 
 use support::{
-    ChildProcess, Cluster, PvBuilder, create_csinode, create_node, create_va, is_attached,
-    sanitize_driver_name, unique_driver_name, unique_name, wait_deleted, wait_for,
+    ChildProcess, Cluster, PvBuilder, create_csinode, create_node, create_va, documents,
+    is_attached, kind, name, repo, sanitize_driver_name, unique_driver_name, unique_name,
+    wait_deleted, wait_for,
 };
 
 /// The release build, as CI and the Dockerfile's builder stage run it.
@@ -55,10 +56,6 @@ const IMAGE_UID: i64 = 65532;
 /// second or two; variants that lack a rule wait this long at the step that
 /// needs it, all in parallel.
 const STEP_TIMEOUT: Duration = Duration::from_secs(25);
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 // === Dockerfile =========================================================
 
@@ -248,21 +245,6 @@ async fn kustomize(cluster: &Cluster, dir: &Path) -> String {
     let (ok, out) = kubectl(cluster, &["kustomize", &dir.to_string_lossy()], None).await;
     assert!(ok, "kubectl kustomize {} failed:\n{out}", dir.display());
     out
-}
-
-/// The objects of a multi-document YAML stream.
-fn documents(yaml: &str) -> Vec<Value> {
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("rendered YAML: {e}"));
-    docs.into_iter().filter(|d| !d.is_null()).collect()
-}
-
-fn kind(obj: &Value) -> &str {
-    obj["kind"].as_str().unwrap_or_default()
-}
-
-fn name(obj: &Value) -> &str {
-    obj["metadata"]["name"].as_str().unwrap_or_default()
 }
 
 fn find<'a>(objs: &'a [Value], k: &str, n: &str) -> &'a Value {

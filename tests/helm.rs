@@ -26,11 +26,11 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::{Value, json};
 
-use support::Cluster;
+use support::{Cluster, documents, kind, kubectl, kustomize, name, repo, run};
 
 /// The chart, relative to the repository.
 const CHART: &str = "deploy/helm/attacher-hub";
@@ -61,44 +61,8 @@ const EVERYTHING_ON: [&str; 4] = [
     "dashboard.enabled=true",
 ];
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn chart() -> PathBuf {
     repo().join(CHART)
-}
-
-/// Runs a command; returns (success, stdout, stderr).
-fn run(mut cmd: Command, stdin: Option<&str>) -> (bool, String, String) {
-    use std::io::Write as _;
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()));
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(input.as_bytes()).expect("write stdin");
-    }
-    let out = child.wait_with_output().expect("wait for the command");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The objects of a multi-document YAML stream.
-fn documents(yaml: &str) -> Vec<Value> {
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{yaml}"));
-    docs.into_iter().filter(|d| !d.is_null()).collect()
 }
 
 /// `helm template attacher-hub <chart> -n <namespace> -f <values>... --set <set>...`.
@@ -119,16 +83,6 @@ fn helm_template(helm: &str, namespace: &str, values: &[&str], set: &[&str]) -> 
         ok,
         "{helm} template -n {namespace} {values:?} {set:?} failed:\n{err}"
     );
-    out
-}
-
-/// `kubectl kustomize <dir>`.
-fn kustomize(dir: &Path) -> String {
-    let cluster = Cluster::get();
-    let mut cmd = Command::new(cluster.bin("kubectl"));
-    cmd.arg("kustomize").arg(dir);
-    let (ok, out, err) = run(cmd, None);
-    assert!(ok, "kubectl kustomize {} failed:\n{err}", dir.display());
     out
 }
 
@@ -170,14 +124,6 @@ fn chart_lints_and_renders_each_shape_with_helm_4_and_3() {
 }
 
 // === the chart and the overlays agree ======================================
-
-fn kind(obj: &Value) -> &str {
-    obj["kind"].as_str().unwrap_or_default()
-}
-
-fn name(obj: &Value) -> &str {
-    obj["metadata"]["name"].as_str().unwrap_or_default()
-}
 
 /// `kind namespace/name` of an object.
 fn key(obj: &Value) -> String {
@@ -456,15 +402,6 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
 }
 
 // === server-side dry run ====================================================
-
-fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    let cluster = Cluster::get();
-    let mut cmd = Command::new(cluster.bin("kubectl"));
-    cmd.arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
-        .args(args);
-    let (ok, out, err) = run(cmd, stdin);
-    (ok, format!("{out}{err}"))
-}
 
 #[test]
 fn every_shape_passes_a_server_side_dry_run() {

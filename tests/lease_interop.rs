@@ -26,7 +26,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -34,14 +34,13 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::{Api, Client};
 use serde_json::Value;
-use tokio::process::Command;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use support::{
     ChildProcess, Cluster, MockCsi, MockCsiOptions, PvBuilder, WAIT_TIMEOUT, create_csinode,
-    create_node, create_va, is_attached, sanitize_driver_name, unique_driver_name, unique_name,
-    wait_deleted, wait_for,
+    create_node, create_va, free_port, go_duration, is_attached, sanitize_driver_name,
+    under_hostname, unique_driver_name, unique_name, wait_deleted, wait_for,
 };
 
 /// Namespace of the Lease (both programs are told it).
@@ -118,41 +117,6 @@ impl Timing {
             .saturating_sub(self.retry)
             .saturating_sub(Duration::from_millis(300))
     }
-}
-
-/// A Go duration flag value (`4s`, `500ms`).
-fn go_duration(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
-}
-
-/// A TCP port free at the time of the call.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
-}
-
-/// `program args…` in a new UTS namespace whose host name is `hostname`.
-/// `unshare` and `sh` both exec, so the child's PID is the program's.
-fn under_hostname(hostname: &str, program: &Path, args: &[String]) -> Command {
-    let mut cmd = Command::new("unshare");
-    cmd.args([
-        "--uts",
-        "--",
-        "sh",
-        "-c",
-        r#"hostname "$1" && shift && exec "$@""#,
-        "sh",
-        hostname,
-    ])
-    .arg(program)
-    .args(args);
-    cmd
 }
 
 /// Which program a candidate runs.

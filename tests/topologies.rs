@@ -45,7 +45,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use support::{Cluster, copy_tree, gce_pd_manifests, repo};
+use support::{
+    Cluster, copy_tree, documents, gce_pd_manifests, kind, kubectl, kustomize, name, namespace,
+    repo, run,
+};
 
 /// The PD manifests the shipped examples name (what `tools/testbins/pd/go.mod` pins).
 const PD_URL: &str = "https://github.com/kubernetes-sigs/gcp-compute-persistent-disk-csi-driver//deploy/kubernetes/overlays/stable-master?ref=v1.28.1";
@@ -73,70 +76,6 @@ const EXPORT_DIR: &str = "/var/lib/attacher-hub/controllers";
 const TOPOLOGIES: [&str; 3] = ["sidecar-swap", "controller-pool", "hub-pod"];
 
 // === commands ===============================================================
-
-/// Runs a command; returns (success, stdout, stderr).
-fn run(mut cmd: Command, stdin: Option<&str>) -> (bool, String, String) {
-    use std::io::Write as _;
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()));
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(input.as_bytes()).expect("write stdin");
-    }
-    let out = child.wait_with_output().expect("wait for the command");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// kubectl as the admin; (success, stdout + stderr).
-fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    let cluster = Cluster::get();
-    let mut cmd = Command::new(cluster.bin("kubectl"));
-    cmd.arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
-        .args(args);
-    let (ok, out, err) = run(cmd, stdin);
-    (ok, format!("{out}{err}"))
-}
-
-/// `kubectl kustomize <dir>`.
-fn kustomize(dir: &Path) -> String {
-    let cluster = Cluster::get();
-    let mut cmd = Command::new(cluster.bin("kubectl"));
-    cmd.arg("kustomize").arg(dir);
-    let (ok, out, err) = run(cmd, None);
-    assert!(ok, "kubectl kustomize {} failed:\n{err}", dir.display());
-    out
-}
-
-/// The objects of a multi-document YAML stream.
-fn documents(yaml: &str) -> Vec<Value> {
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{yaml}"));
-    docs.into_iter().filter(|d| !d.is_null()).collect()
-}
-
-fn kind(obj: &Value) -> &str {
-    obj["kind"].as_str().unwrap_or_default()
-}
-
-fn name(obj: &Value) -> &str {
-    obj["metadata"]["name"].as_str().unwrap_or_default()
-}
-
-fn namespace(obj: &Value) -> &str {
-    obj["metadata"]["namespace"].as_str().unwrap_or_default()
-}
 
 /// `kind namespace/name`.
 fn key(obj: &Value) -> String {
@@ -1030,16 +969,16 @@ fn vendor_chart(ws: &Workspace, vendor: &[Value]) -> PathBuf {
 }
 
 /// `helm template` of `chart` through attacher-hub's post-renderer with `args`: Helm 3 runs
-/// the script, Helm 4 the plugin (`deploy/helm/post-renderer` linked into a plugins directory
+/// the script, Helm 4 the plugin (`deploy/helm-post-renderer` linked into a plugins directory
 /// of the test's own).
 fn post_rendered(ws: &Workspace, helm: &str, chart: &Path, args: &[&str]) -> Vec<Value> {
     let cluster = Cluster::get();
-    let script = repo().join("deploy/helm/post-renderer/attacher-hub-post-renderer");
+    let script = repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer");
     let plugins = ws.dir.path().join("helm-plugins");
     if !plugins.join("attacher-hub-topology").exists() {
         std::fs::create_dir_all(&plugins).expect("plugins directory");
         std::os::unix::fs::symlink(
-            repo().join("deploy/helm/post-renderer"),
+            repo().join("deploy/helm-post-renderer"),
             plugins.join("attacher-hub-topology"),
         )
         .expect("link the plugin");
@@ -1130,7 +1069,7 @@ fn helm_post_renderer_applies_the_topologies_to_a_vendor_chart_with_helm_3_and_4
         cmd.args(["template", "pd"])
             .arg(&chart)
             .arg("--post-renderer")
-            .arg(repo().join("deploy/helm/post-renderer/attacher-hub-post-renderer"))
+            .arg(repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer"))
             .env(
                 "PATH",
                 format!(

@@ -5,7 +5,8 @@
 //! pod inline volumes. The Go tool `translation-oracle` (tools/testbins/csi, built by
 //! `tools/testbins/build.sh` with the csi-translation-lib version of the reference
 //! external-attacher) does with each what external-attacher v4.12.0 does; this test does the
-//! same through `source::volume_source` and `translation::repair_volume_handle`, and
+//! same through `source::volume_source` (on the cached, lean copies of the objects) and
+//! `translation::repair_volume_handle`, and
 //! compares, byte for byte: driver, volume handle, readOnly, fsType, volume attributes, the
 //! five secret references, access modes, volume mode, mount options, the two "migrated"
 //! flags, the reconciler's repaired handle, and the error text.
@@ -30,6 +31,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use attacher_hub::controller::{source, translation};
+use attacher_hub::k8s::lean::{Pv, Va};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, SecretReference};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use serde_json::{Value, json};
@@ -213,6 +215,10 @@ fn rust_answer(input: &Value, go: &Value) -> Option<Value> {
         va.spec.source.inline_volume_spec = Some(spec(json, input));
     }
     let case = input["case"].clone();
+    // Through the cache's own copies, as the attacher reads them: what the lean types drop must
+    // not change an answer.
+    let va = Va::from(va);
+    let pv = pv.map(Pv::from);
     let volume = match source::volume_source(&va, |_| pv.as_ref()) {
         Ok(volume) => volume,
         Err(e) => return Some(json!({"case": case, "error": e.to_string()})),

@@ -7,10 +7,7 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::{
-    api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment},
-    apimachinery::pkg::apis::meta::v1::Time,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use parking_lot::Mutex;
 
@@ -22,7 +19,12 @@ use super::{
 };
 use crate::{
     csi::{self, Capabilities, DriverClient, PublishRequest, Secrets, UnpublishRequest},
-    k8s::{self, stores::Stores, writer::Writer},
+    k8s::{
+        self,
+        lean::{Pv, Va},
+        stores::Stores,
+        writer::Writer,
+    },
 };
 
 /// Settings of the CSI handler.
@@ -102,13 +104,13 @@ impl CsiHandler {
     /// Whether `va` is a cached copy older than our own `attached: true`
     /// write: its sync must wait for the echo, not publish again. Once the
     /// cache has caught up the memory is dropped.
-    fn awaiting_echo(&self, va: &VolumeAttachment) -> bool {
+    fn awaiting_echo(&self, va: &Va) -> bool {
         let name = va.metadata.name.as_deref().unwrap_or_default();
         let mut attached = self.attached.lock();
         let Some((uid, written)) = attached.get(name) else {
             return false;
         };
-        if va.metadata.uid.as_ref() != Some(uid) {
+        if va.metadata.uid.as_deref() != Some(uid.as_str()) {
             // A new VA with the same name.
             attached.remove(name);
             return false;
@@ -131,11 +133,11 @@ impl CsiHandler {
     }
 
     /// `syncAttach` (spec 3.5).
-    pub async fn sync_attach(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
+    pub async fn sync_attach(&self, va: &Va) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
         if !forced {
-            if va.status.as_ref().is_some_and(|s| s.attached) {
+            if va.status.attached {
                 return Ok(Synced::Unchanged);
             }
             if self.awaiting_echo(va) {
@@ -158,13 +160,13 @@ impl CsiHandler {
                     .merge_va_status(&name, &patch)
                     .await
                     .map_err(|e| Error::MarkAttached(k8s::error_text(&e)))?;
-                let uid = va.metadata.uid.clone().unwrap_or_default();
+                let uid = va.metadata.uid.as_deref().unwrap_or_default().to_owned();
                 let rv = written.metadata.resource_version.unwrap_or_default();
                 self.attached.lock().insert(name, (uid, rv));
                 tracing::info!("attached");
                 // A forced sync of a VA that was attached already re-publishes; it is not a
                 // new attach.
-                let was_attached = va.status.as_ref().is_some_and(|s| s.attached);
+                let was_attached = va.status.attached;
                 Ok(if was_attached {
                     Synced::Unchanged
                 } else {
@@ -186,7 +188,7 @@ impl CsiHandler {
         }
     }
 
-    async fn csi_attach(&self, va: &VolumeAttachment) -> Result<HashMap<String, String>, Error> {
+    async fn csi_attach(&self, va: &Va) -> Result<HashMap<String, String>, Error> {
         let volume = match source::va_source(va)? {
             Source::PersistentVolume(pv_name) => {
                 let pv = self
@@ -246,7 +248,7 @@ impl CsiHandler {
     /// add has not come back through the watch yet, or another controller changed the list),
     /// the API server refuses it with 422, and the patch is built once more from a live read,
     /// instead of failing the attach until the watch catches up.
-    async fn ensure_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), Error> {
+    async fn ensure_pv_finalizer(&self, pv: &Pv) -> Result<(), Error> {
         let Some(patch) = patches::pv_finalizer_add_patch(pv, &self.driver) else {
             return Ok(());
         };
@@ -259,7 +261,7 @@ impl CsiHandler {
                     pv = name,
                     "cached PersistentVolume is stale; adding the finalizer to a live copy"
                 );
-                let live = self.writer.get_pv(name).await.map_err(fail)?;
+                let live = Pv::from(self.writer.get_pv(name).await.map_err(fail)?);
                 match patches::pv_finalizer_add_patch(&live, &self.driver) {
                     None => Ok(()),
                     Some(patch) => self
@@ -292,7 +294,7 @@ impl CsiHandler {
     }
 
     /// `syncDetach` (spec 3.6).
-    pub async fn sync_detach(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
+    pub async fn sync_detach(&self, va: &Va) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
         let finalizer = crate::names::finalizer_name(&self.driver);
@@ -322,7 +324,7 @@ impl CsiHandler {
         result.map(|()| Synced::Detached)
     }
 
-    async fn csi_detach(&self, va: &VolumeAttachment) -> Result<(), Error> {
+    async fn csi_detach(&self, va: &Va) -> Result<(), Error> {
         let volume = source::volume_source(va, |n| self.stores.pv(n))?;
         let csi_source = volume.csi()?;
         let secrets = self
@@ -342,7 +344,7 @@ impl CsiHandler {
     }
 
     /// `markAsDetached`: our finalizer first, then the status (spec 3.6 step 5).
-    async fn mark_as_detached(&self, va: &VolumeAttachment) -> Result<(), Error> {
+    async fn mark_as_detached(&self, va: &Va) -> Result<(), Error> {
         let name = va.metadata.name.as_deref().unwrap_or_default();
         if let Some(patch) = patches::va_finalizer_removal_patch(va, &self.driver) {
             let written = self
@@ -371,11 +373,9 @@ impl CsiHandler {
 
     /// `SyncNewOrUpdatedPersistentVolume` (spec 3.8): removes our PV finalizer
     /// once the PV is being deleted and no VA names it.
-    pub async fn sync_pv(&self, pv: &PersistentVolume) -> Result<(), Error> {
-        let vas = self.stores.vas.state();
-        let Some(index) =
-            patches::pv_needs_finalizer_removal(pv, &self.driver, vas.iter().map(|v| &**v))
-        else {
+    pub async fn sync_pv(&self, pv: &Pv) -> Result<(), Error> {
+        let in_use = |name: &str| self.stores.vas.any(|va| patches::va_uses_pv(va, name));
+        let Some(index) = patches::pv_needs_finalizer_removal(pv, &self.driver, in_use) else {
             return Ok(());
         };
         let name = pv.metadata.name.as_deref().unwrap_or_default();
@@ -390,12 +390,9 @@ impl CsiHandler {
                     pv = name,
                     "cached PersistentVolume is stale; removing the finalizer from a live copy"
                 );
-                let live = self.writer.get_pv(name).await.map_err(fail)?;
-                let Some(index) = patches::pv_needs_finalizer_removal(
-                    &live,
-                    &self.driver,
-                    vas.iter().map(|v| &**v),
-                ) else {
+                let live = Pv::from(self.writer.get_pv(name).await.map_err(fail)?);
+                let Some(index) = patches::pv_needs_finalizer_removal(&live, &self.driver, in_use)
+                else {
                     return Ok(());
                 };
                 let patch = patches::pv_finalizer_removal_patch(index, &self.driver);
@@ -451,7 +448,7 @@ impl CsiHandler {
             let found = published
                 .get(&handle)
                 .is_some_and(|nodes| nodes.contains(&node_id));
-            let attached = va.status.as_ref().is_some_and(|s| s.attached);
+            let attached = va.status.attached;
             if found != attached {
                 tracing::info!(va = %name, published = found, attached, "VolumeAttachment attached status and actual state do not match");
                 // A sync is forced only where a normal one would do nothing:
@@ -493,7 +490,10 @@ mod tests {
     use crate::fake_api::FakeApi;
     use crate::k8s::stores::TestStores;
     use crate::names::NODE_ID_ANNOTATION;
-    use k8s_openapi::api::storage::v1::VolumeAttachmentStatus;
+    use k8s_openapi::api::{
+        core::v1::PersistentVolume,
+        storage::v1::{VolumeAttachment, VolumeAttachmentStatus},
+    };
 
     /// A CSI handler between a fake API server, a fake driver and caches filled by hand.
     struct World {
@@ -603,7 +603,11 @@ mod tests {
     async fn an_attach_adds_the_pv_finalizer_saves_the_va_publishes_and_marks_it_attached() {
         let mut w = world(attaching(), true).await;
         let va = w.volume(&[], va(Some("pv1")));
-        let synced = w.handler.sync_attach(&va).await.expect("attached");
+        let synced = w
+            .handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect("attached");
         assert_eq!(synced, Synced::Attached);
         let publishes = w.csi.calls_of("ControllerPublishVolume");
         assert_eq!(publishes.len(), 1);
@@ -649,15 +653,22 @@ mod tests {
     async fn a_stale_copy_of_a_va_marked_attached_waits_for_the_echo_instead_of_publishing_again() {
         let mut w = world(attaching(), true).await;
         let va = w.volume(&[], va(Some("pv1")));
-        w.handler.sync_attach(&va).await.expect("attached");
+        w.handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect("attached");
         // The cache still holds the copy from before our status write.
-        let again = w.handler.sync_attach(&va).await.expect("no error");
+        let again = w
+            .handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect("no error");
         assert_eq!(again, Synced::Unchanged);
         assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
         // Once the cache shows the written copy, nothing is left to do either.
         let echo = w.stored_va().expect("the VA");
         assert_eq!(
-            w.handler.sync_attach(&echo).await.expect("ok"),
+            w.handler.sync_attach(&lean_va(&echo)).await.expect("ok"),
             Synced::Unchanged
         );
         assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
@@ -670,7 +681,11 @@ mod tests {
             let va = w.volume(&[], va(Some("pv1")));
             w.csi
                 .fail_next_publish(tonic::Status::resource_exhausted("no room"));
-            let err = w.handler.sync_attach(&va).await.expect_err("fails");
+            let err = w
+                .handler
+                .sync_attach(&lean_va(&va))
+                .await
+                .expect_err("fails");
             assert_eq!(
                 err.to_string(),
                 "rpc error: code = ResourceExhausted desc = no room"
@@ -692,7 +707,11 @@ mod tests {
         let mut w = world(attaching(), true).await;
         let va = w.api.put(&va(Some("gone")));
         w.caches.apply_va(&va);
-        let err = w.handler.sync_attach(&va).await.expect_err("fails");
+        let err = w
+            .handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect_err("fails");
         assert_eq!(err.to_string(), "persistentvolume \"gone\" not found");
         assert!(w.csi.calls_of("ControllerPublishVolume").is_empty());
         let stored = w.stored_va().expect("the VA");
@@ -709,7 +728,11 @@ mod tests {
     async fn a_detach_unpublishes_and_removes_the_finalizer_without_writing_a_deleted_va() {
         let mut w = world(attaching(), true).await;
         let va = w.volume(&[FIN], deleting_va(&[FIN]));
-        let synced = w.handler.sync_detach(&va).await.expect("detached");
+        let synced = w
+            .handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect("detached");
         assert_eq!(synced, Synced::Detached);
         let unpublishes = w.csi.calls_of("ControllerUnpublishVolume");
         assert_eq!(unpublishes.len(), 1);
@@ -729,7 +752,10 @@ mod tests {
     async fn a_detach_of_a_va_kept_by_another_finalizer_also_marks_it_detached() {
         let mut w = world(attaching(), true).await;
         let va = w.volume(&[FIN], deleting_va(&[FIN, "example.com/other"]));
-        w.handler.sync_detach(&va).await.expect("detached");
+        w.handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect("detached");
         assert_eq!(
             w.written(),
             [
@@ -751,7 +777,11 @@ mod tests {
         let va = w.volume(&[FIN], deleting_va(&[FIN]));
         w.csi
             .fail_next_unpublish(tonic::Status::unavailable("driver busy"));
-        let err = w.handler.sync_detach(&va).await.expect_err("fails");
+        let err = w
+            .handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect_err("fails");
         let stored = w.stored_va().expect("kept");
         assert_eq!(stored.metadata.finalizers, Some(vec![FIN.to_owned()]));
         let error = stored
@@ -762,7 +792,10 @@ mod tests {
         // Retried later, it detaches.
         w.caches.apply_va(&w.stored_va().expect("kept"));
         let retry = w.stored_va().expect("kept");
-        w.handler.sync_detach(&retry).await.expect("detached");
+        w.handler
+            .sync_detach(&lean_va(&retry))
+            .await
+            .expect("detached");
         assert!(w.stored_va().is_none());
     }
 
@@ -774,10 +807,10 @@ mod tests {
         let deleting = w.api.put(&deleting);
         w.caches.apply_pv(&deleting);
         w.api.clear_log();
-        w.handler.sync_pv(&deleting).await.expect("ok");
+        w.handler.sync_pv(&lean_pv(&deleting)).await.expect("ok");
         assert!(w.api.writes().is_empty(), "a VA still names the PV");
         w.caches.delete_va(&va);
-        w.handler.sync_pv(&deleting).await.expect("ok");
+        w.handler.sync_pv(&lean_pv(&deleting)).await.expect("ok");
         assert_eq!(w.written(), ["PATCH persistentvolumes/pv1"]);
         assert_eq!(
             w.stored_pv().metadata.finalizers,
@@ -794,7 +827,10 @@ mod tests {
         w.api.put(&pv_finalizers_of(w.stored_pv(), &[FIN]));
         w.api.clear_log();
         assert_eq!(
-            w.handler.sync_attach(&first).await.expect("attached"),
+            w.handler
+                .sync_attach(&lean_va(&first))
+                .await
+                .expect("attached"),
             Synced::Attached
         );
         assert_eq!(
@@ -814,7 +850,10 @@ mod tests {
         let mut w = world(attaching(), true).await;
         let second = w.volume(&[], va(Some("pv1")));
         w.api.put(&pv_finalizers_of(w.stored_pv(), &["other/keep"]));
-        w.handler.sync_attach(&second).await.expect("attached");
+        w.handler
+            .sync_attach(&lean_va(&second))
+            .await
+            .expect("attached");
         assert_eq!(
             w.stored_pv().metadata.finalizers,
             Some(vec!["other/keep".to_owned(), FIN.to_owned()])
@@ -833,7 +872,7 @@ mod tests {
         w.caches.apply_pv(&cached);
         w.api.put(&pv_finalizers_of(w.stored_pv(), &[FIN]));
         w.api.clear_log();
-        w.handler.sync_pv(&cached).await.expect("removed");
+        w.handler.sync_pv(&lean_pv(&cached)).await.expect("removed");
         // No finalizer was left on the deleted PV: the API server removed it.
         assert!(w.api.get::<PersistentVolume>(None, "pv1").is_none());
         assert_eq!(
@@ -852,7 +891,10 @@ mod tests {
         let out_of_sync = w.handler.reconcile().await.expect("listed");
         assert_eq!(out_of_sync, ["va"]);
         // The next sync publishes again although the VA says attached.
-        w.handler.sync_attach(&va).await.expect("republished");
+        w.handler
+            .sync_attach(&lean_va(&va))
+            .await
+            .expect("republished");
         assert_eq!(w.csi.calls_of("ControllerPublishVolume").len(), 1);
         // A VA the driver reports on its node is in sync.
         w.csi.set_published("handle", &["id-1"]);

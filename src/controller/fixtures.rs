@@ -1,6 +1,7 @@
 //! Builders of test objects for the controller's unit tests (and the hub's): PVs, VAs and
 //! CSINodes with just the fields a test cares about, and the in-tree PVs of every migration
-//! plugin.
+//! plugin. They build API objects; `lean_*` gives their cached copies (through the watch's own
+//! conversion), which is what the controller reads.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controller::source::pv_volume;
+use crate::k8s::lean::{CsiNode, Pv, Va};
 use crate::names::NODE_ID_ANNOTATION;
 
 /// The driver of the fixtures.
@@ -32,6 +34,21 @@ pub(crate) fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
+}
+
+/// The cached copy of `va`, as the watch makes it.
+pub(crate) fn lean_va(va: &VolumeAttachment) -> Va {
+    Va::from(va.clone())
+}
+
+/// The cached copy of `pv`, as the watch makes it.
+pub(crate) fn lean_pv(pv: &PersistentVolume) -> Pv {
+    Pv::from(pv.clone())
+}
+
+/// The cached copy of `csinode`, as the watch makes it.
+pub(crate) fn lean_csinode(csinode: &CSINode) -> CsiNode {
+    CsiNode::from(csinode.clone())
 }
 
 pub(crate) fn now() -> Time {
@@ -151,7 +168,7 @@ pub(crate) fn with_claim_namespace(mut pv: PersistentVolume, ns: &str) -> Persis
 
 /// The translated CSI source, or the error text.
 pub(crate) fn translated(pv: &PersistentVolume) -> Result<CSIPersistentVolumeSource, String> {
-    let volume = pv_volume(pv).map_err(|e| e.to_string())?;
+    let volume = pv_volume(&lean_pv(pv)).map_err(|e| e.to_string())?;
     assert!(volume.migrated && !volume.inline && volume.repairs_handle());
     volume.csi().cloned().map_err(|e| e.to_string())
 }

@@ -1,13 +1,14 @@
 //! The handler a driver gets from its capabilities (spec 2.12-13).
 
-use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
-
 use super::{
     csi_handler::CsiHandler,
     sync::{Error, Synced},
     trivial_handler::TrivialHandler,
 };
-use crate::csi;
+use crate::{
+    csi,
+    k8s::lean::{Pv, Va},
+};
 
 /// CSI handler for drivers that attach, trivial handler for the others.
 #[derive(Debug)]
@@ -26,7 +27,7 @@ impl Handler {
     }
 
     /// `syncVA`: attach or detach depending on the deletion timestamp.
-    pub async fn sync_va(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
+    pub async fn sync_va(&self, va: &Va) -> Result<Synced, Error> {
         match self {
             Self::Csi(h) if va.metadata.deletion_timestamp.is_some() => h.sync_detach(va).await,
             Self::Csi(h) => h.sync_attach(va).await,
@@ -35,7 +36,7 @@ impl Handler {
     }
 
     /// `syncPV`: PV finalizer removal (nothing for the trivial handler).
-    pub async fn sync_pv(&self, pv: &PersistentVolume) -> Result<(), Error> {
+    pub async fn sync_pv(&self, pv: &Pv) -> Result<(), Error> {
         match self {
             Self::Csi(h) => h.sync_pv(pv).await,
             Self::Trivial(_) => Ok(()),

@@ -1,8 +1,7 @@
 //! The CSI node ID of a VA's node (external-attacher's `getNodeID`, spec §3.3): from the
 //! node's CSINode, else from the VA's node-ID annotation.
 
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
-
+use crate::k8s::lean::{CsiNode, Va};
 use crate::names::NODE_ID_ANNOTATION;
 
 /// Why no CSI node ID could be found (spec §3.3).
@@ -32,19 +31,13 @@ pub enum NodeIdError {
 pub fn node_id(
     driver: &str,
     node_name: &str,
-    csinode: Option<&CSINode>,
-    va: Option<&VolumeAttachment>,
+    csinode: Option<&CsiNode>,
+    va: Option<&Va>,
 ) -> Result<String, NodeIdError> {
     let err = match csinode {
         Some(csinode) => {
-            let entry = csinode
-                .spec
-                .drivers
-                .iter()
-                .find(|d| d.name == driver)
-                .map(|d| d.node_id.clone());
-            if let Some(id) = entry {
-                return Ok(id);
+            if let Some(id) = csinode.node_id(driver) {
+                return Ok(id.to_owned());
             }
             NodeIdError::DriverNotOnNode {
                 node: node_name.to_owned(),
@@ -56,9 +49,8 @@ pub fn node_id(
         },
     };
     // As in Go, an annotation that is present but empty still counts as found.
-    va.and_then(|va| va.metadata.annotations.as_ref())
-        .and_then(|a| a.get(NODE_ID_ANNOTATION))
-        .cloned()
+    va.and_then(|va| va.metadata.annotation(NODE_ID_ANNOTATION))
+        .map(str::to_owned)
         .ok_or(err)
 }
 
@@ -69,11 +61,11 @@ mod tests {
 
     #[test]
     fn node_ids_come_from_csinode_then_from_the_va_annotation() {
-        let with_driver = csinode(&[("other", "o"), (DRIVER, "id-1")]);
-        let without_driver = csinode(&[("other", "o")]);
-        let annotated = va_annotated(va(Some("pv")), "id-anno");
-        let empty_annotation = va_annotated(va(Some("pv")), "");
-        let plain = va(Some("pv"));
+        let with_driver = lean_csinode(&csinode(&[("other", "o"), (DRIVER, "id-1")]));
+        let without_driver = lean_csinode(&csinode(&[("other", "o")]));
+        let annotated = lean_va(&va_annotated(va(Some("pv")), "id-anno"));
+        let empty_annotation = lean_va(&va_annotated(va(Some("pv")), ""));
+        let plain = lean_va(&va(Some("pv")));
         let not_found = Err(NodeIdError::CsiNodeNotFound {
             node: "node".into(),
         });
@@ -83,8 +75,8 @@ mod tests {
         });
         type Case<'a> = (
             &'a str,
-            Option<&'a CSINode>,
-            Option<&'a VolumeAttachment>,
+            Option<&'a CsiNode>,
+            Option<&'a Va>,
             Result<String, NodeIdError>,
         );
         let cases: Vec<Case<'_>> = vec![

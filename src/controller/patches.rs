@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-use k8s_openapi::api::storage::v1::{VolumeAttachment, VolumeAttachmentStatus};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Map, Value, json};
 
 use super::translation::is_migratable_in_tree;
+use crate::k8s::lean::{Pairs, Pv, Va};
 use crate::names::{MIGRATED_TO_ANNOTATION, NODE_ID_ANNOTATION, finalizer_name};
 
 /// The JSON merge patch on the VA's main resource that adds our finalizer and sets the node-ID
@@ -17,7 +17,7 @@ use crate::names::{MIGRATED_TO_ANNOTATION, NODE_ID_ANNOTATION, finalizer_name};
 ///
 /// Only the missing parts are in the patch; `finalizers` carries the full new list because merge
 /// patches replace arrays wholesale.
-pub fn va_metadata_patch(va: &VolumeAttachment, driver: &str, node_id: &str) -> Option<Value> {
+pub fn va_metadata_patch(va: &Va, driver: &str, node_id: &str) -> Option<Value> {
     let finalizer = finalizer_name(driver);
     let mut metadata = Map::new();
     let current = va.metadata.finalizers.as_deref().unwrap_or_default();
@@ -26,12 +26,7 @@ pub fn va_metadata_patch(va: &VolumeAttachment, driver: &str, node_id: &str) -> 
         list.push(finalizer);
         metadata.insert("finalizers".to_owned(), json!(list));
     }
-    let annotated = va
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(NODE_ID_ANNOTATION))
-        .is_some_and(|v| v == node_id);
+    let annotated = va.metadata.annotation(NODE_ID_ANNOTATION) == Some(node_id);
     if !annotated {
         metadata.insert(
             "annotations".to_owned(),
@@ -43,7 +38,7 @@ pub fn va_metadata_patch(va: &VolumeAttachment, driver: &str, node_id: &str) -> 
 
 /// The JSON merge patch on the VA's main resource that removes our finalizer (spec §3.6 step
 /// 5.1): the remaining list, or `null` when none remains. `None` if our finalizer is absent.
-pub fn va_finalizer_removal_patch(va: &VolumeAttachment, driver: &str) -> Option<Value> {
+pub fn va_finalizer_removal_patch(va: &Va, driver: &str) -> Option<Value> {
     let finalizer = finalizer_name(driver);
     let current = va.metadata.finalizers.as_deref().unwrap_or_default();
     if !current.contains(&finalizer) {
@@ -75,19 +70,16 @@ pub fn deleted_by_finalizer_removal(written: &VolumeAttachment) -> bool {
 ///
 /// Like Go's `createMergePatch`, an empty map counts as absent and map changes are sent per key
 /// (removed keys as `null`). Returns `{}` if nothing changes.
-pub fn attached_status_patch(
-    va: &VolumeAttachment,
-    attachment_metadata: &BTreeMap<String, String>,
-) -> Value {
-    let old = va.status.clone().unwrap_or_default();
+pub fn attached_status_patch(va: &Va, attachment_metadata: &BTreeMap<String, String>) -> Value {
+    let old = &va.status;
     let mut status = Map::new();
     if !old.attached {
         status.insert("attached".to_owned(), Value::Bool(true));
     }
-    if let Some(diff) = map_diff(old.attachment_metadata.as_ref(), attachment_metadata) {
+    if let Some(diff) = map_diff(&old.attachment_metadata, attachment_metadata) {
         status.insert("attachmentMetadata".to_owned(), diff);
     }
-    if old.attach_error.is_some() {
+    if old.has_attach_error {
         status.insert("attachError".to_owned(), Value::Null);
     }
     wrap_status(status)
@@ -96,16 +88,16 @@ pub fn attached_status_patch(
 /// The status merge patch of `markAsDetached` (spec §3.6 step 5.2): `attached: false`,
 /// `detachError: null`, `attachmentMetadata: null`, each only if it changes; `None` if the
 /// status already says detached with no error or metadata.
-pub fn detached_status_patch(va: &VolumeAttachment) -> Option<Value> {
-    let old: VolumeAttachmentStatus = va.status.clone().unwrap_or_default();
+pub fn detached_status_patch(va: &Va) -> Option<Value> {
+    let old = &va.status;
     let mut status = Map::new();
     if old.attached {
         status.insert("attached".to_owned(), Value::Bool(false));
     }
-    if old.detach_error.is_some() {
+    if old.has_detach_error {
         status.insert("detachError".to_owned(), Value::Null);
     }
-    if old.attachment_metadata.is_some_and(|m| !m.is_empty()) {
+    if !old.attachment_metadata.is_empty() {
         status.insert("attachmentMetadata".to_owned(), Value::Null);
     }
     (!status.is_empty()).then(|| wrap_status(status))
@@ -148,24 +140,20 @@ fn wrap_status(status: Map<String, Value>) -> Value {
 }
 
 /// The merge-patch value turning map `old` into `new`, or `None` if equal (empty ≡ absent).
-fn map_diff(
-    old: Option<&BTreeMap<String, String>>,
-    new: &BTreeMap<String, String>,
-) -> Option<Value> {
-    let old = old.filter(|m| !m.is_empty());
-    match old {
-        None if new.is_empty() => None,
-        None => Some(json!(new)),
-        Some(_) if new.is_empty() => Some(Value::Null),
-        Some(old) => {
+fn map_diff(old: &Pairs, new: &BTreeMap<String, String>) -> Option<Value> {
+    match (old.is_empty(), new.is_empty()) {
+        (true, true) => None,
+        (true, false) => Some(json!(new)),
+        (false, true) => Some(Value::Null),
+        (false, false) => {
             let mut diff = Map::new();
             for (k, v) in new {
-                if old.get(k) != Some(v) {
+                if old.get(k) != Some(v.as_str()) {
                     diff.insert(k.clone(), json!(v));
                 }
             }
-            for k in old.keys().filter(|k| !new.contains_key(*k)) {
-                diff.insert(k.clone(), Value::Null);
+            for (k, _) in old.iter().filter(|(k, _)| !new.contains_key(*k)) {
+                diff.insert(k.to_owned(), Value::Null);
             }
             (!diff.is_empty()).then_some(Value::Object(diff))
         }
@@ -174,7 +162,7 @@ fn map_diff(
 
 /// The JSON Patch (RFC 6902) adding our finalizer to a PV (spec §3.8), built from the cached
 /// copy so a concurrent change fails the `test` op; `None` if the finalizer is present.
-pub fn pv_finalizer_add_patch(pv: &PersistentVolume, driver: &str) -> Option<Value> {
+pub fn pv_finalizer_add_patch(pv: &Pv, driver: &str) -> Option<Value> {
     let finalizer = finalizer_name(driver);
     match pv.metadata.finalizers.as_deref() {
         None => Some(json!([
@@ -203,16 +191,12 @@ pub fn pv_finalizer_removal_patch(index: usize, driver: &str) -> Value {
 
 /// True if the PV is in-tree, migratable to `driver`, and not (or no longer) marked as migrated
 /// to it: CSI migration was turned off or rolled back.
-fn migration_rolled_back(pv: &PersistentVolume, driver: &str) -> bool {
-    let migrated_to = pv
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(MIGRATED_TO_ANNOTATION));
+fn migration_rolled_back(pv: &Pv, driver: &str) -> bool {
+    let migrated_to = pv.metadata.annotation(MIGRATED_TO_ANNOTATION);
     is_migratable_in_tree(pv, driver) && migrated_to.is_none_or(|d| d != driver)
 }
 
-fn finalizer_index(pv: &PersistentVolume, driver: &str) -> Option<usize> {
+fn finalizer_index(pv: &Pv, driver: &str) -> Option<usize> {
     let finalizer = finalizer_name(driver);
     pv.metadata
         .finalizers
@@ -224,7 +208,7 @@ fn finalizer_index(pv: &PersistentVolume, driver: &str) -> Option<usize> {
 
 /// The PV add/update event filter (spec §6): enqueue only a PV that carries our finalizer and
 /// is being deleted or has had its CSI migration to this driver rolled back.
-pub fn should_enqueue_pv(pv: &PersistentVolume, driver: &str) -> bool {
+pub fn should_enqueue_pv(pv: &Pv, driver: &str) -> bool {
     finalizer_index(pv, driver).is_some()
         && (pv.metadata.deletion_timestamp.is_some() || migration_rolled_back(pv, driver))
 }
@@ -232,29 +216,35 @@ pub fn should_enqueue_pv(pv: &PersistentVolume, driver: &str) -> bool {
 /// `SyncNewOrUpdatedPersistentVolume` (spec §3.8): the index of our finalizer if it is to be
 /// removed now, `None` if the PV is to be left alone (the caller then forgets the key).
 ///
-/// `vas` is every VA in the cache, of any driver: while one of them still names the PV, the
-/// finalizer stays (the VA's deletion re-enqueues the PV).
-pub fn pv_needs_finalizer_removal<'a>(
-    pv: &PersistentVolume,
+/// `in_use` tells whether any VA in the cache, of any driver, names the PV (see
+/// [`va_uses_pv`]): while one does, the finalizer stays (the VA's deletion re-enqueues the PV).
+pub fn pv_needs_finalizer_removal(
+    pv: &Pv,
     driver: &str,
-    vas: impl IntoIterator<Item = &'a VolumeAttachment>,
+    in_use: impl FnOnce(&str) -> bool,
 ) -> Option<usize> {
     if pv.metadata.deletion_timestamp.is_none() && !migration_rolled_back(pv, driver) {
         return None;
     }
     let index = finalizer_index(pv, driver)?;
     let name = pv.metadata.name.as_deref()?;
-    let in_use = vas
-        .into_iter()
-        .any(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name));
-    (!in_use).then_some(index)
+    (!in_use(name)).then_some(index)
+}
+
+/// Whether `va` names the PV `pv_name` (what keeps [`pv_needs_finalizer_removal`] from removing
+/// the PV's finalizer).
+pub fn va_uses_pv(va: &Va, pv_name: &str) -> bool {
+    va.spec.source.persistent_volume_name.as_deref() == Some(pv_name)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::controller::fixtures::*;
-    use k8s_openapi::api::core::v1::{GCEPersistentDiskVolumeSource, PersistentVolumeSpec};
+    use k8s_openapi::api::core::v1::{
+        GCEPersistentDiskVolumeSource, PersistentVolume, PersistentVolumeSpec,
+    };
+    use k8s_openapi::api::storage::v1::VolumeAttachmentStatus;
 
     #[test]
     fn va_metadata_patches_add_only_what_is_missing() {
@@ -295,7 +285,11 @@ mod tests {
             ),
         ];
         for (name, va, want) in cases {
-            assert_eq!(va_metadata_patch(&va, DRIVER, "id"), want, "{name}");
+            assert_eq!(
+                va_metadata_patch(&lean_va(&va), DRIVER, "id"),
+                want,
+                "{name}"
+            );
         }
     }
 
@@ -316,7 +310,11 @@ mod tests {
             ("no finalizers: no patch", va(None), None),
         ];
         for (name, va, want) in cases {
-            assert_eq!(va_finalizer_removal_patch(&va, DRIVER), want, "{name}");
+            assert_eq!(
+                va_finalizer_removal_patch(&lean_va(&va), DRIVER),
+                want,
+                "{name}"
+            );
         }
     }
 
@@ -394,7 +392,7 @@ mod tests {
             ),
         ];
         for (name, va, meta, want) in cases {
-            assert_eq!(attached_status_patch(&va, &meta), want, "{name}");
+            assert_eq!(attached_status_patch(&lean_va(&va), &meta), want, "{name}");
         }
     }
 
@@ -433,7 +431,7 @@ mod tests {
             ("no status: no patch", va(None), None),
         ];
         for (name, va, want) in cases {
-            assert_eq!(detached_status_patch(&va), want, "{name}");
+            assert_eq!(detached_status_patch(&lean_va(&va)), want, "{name}");
         }
     }
 
@@ -499,7 +497,11 @@ mod tests {
             ),
         ];
         for (name, pv, want) in cases {
-            assert_eq!(pv_finalizer_add_patch(&pv, DRIVER), want, "{name}");
+            assert_eq!(
+                pv_finalizer_add_patch(&lean_pv(&pv), DRIVER),
+                want,
+                "{name}"
+            );
         }
         assert_eq!(
             pv_finalizer_removal_patch(1, DRIVER),
@@ -530,11 +532,12 @@ mod tests {
                 Some(f),
             )
         };
-        let other_va = va(Some("other-pv"));
-        let using_va = va(Some("pv"));
+        let other_va = lean_va(&va(Some("other-pv")));
+        let using_va = lean_va(&va(Some("pv")));
         let mut inline_va = va(None);
         inline_va.spec.source.inline_volume_spec = Some(csi_spec(&["ReadWriteOnce"]));
-        let none: &[&VolumeAttachment] = &[];
+        let inline_va = lean_va(&inline_va);
+        let none: &[&Va] = &[];
         let unrelated = [&other_va, &inline_va];
         let in_use = [&other_va, &using_va];
         let only_using = [&using_va];
@@ -543,7 +546,7 @@ mod tests {
             &'a str,
             PersistentVolume,
             &'a str,
-            &'a [&'a VolumeAttachment],
+            &'a [&'a Va],
             Option<usize>,
             bool,
         );
@@ -630,8 +633,10 @@ mod tests {
             ),
         ];
         for (name, pv, driver, vas, want, enqueue) in cases {
+            let pv = lean_pv(&pv);
+            let in_use = |pv: &str| vas.iter().any(|va| va_uses_pv(va, pv));
             assert_eq!(
-                pv_needs_finalizer_removal(&pv, driver, vas.iter().copied()),
+                pv_needs_finalizer_removal(&pv, driver, in_use),
                 want,
                 "{name}"
             );

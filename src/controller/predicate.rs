@@ -1,6 +1,6 @@
 //! Event filters: which VolumeAttachment updates are worth a trip through the queue.
 
-use k8s_openapi::api::storage::v1::VolumeAttachment;
+use crate::k8s::lean::Va;
 
 /// Decides whether a VolumeAttachment update (`old` → `new`) is enqueued (spec §3.12).
 ///
@@ -8,44 +8,22 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 /// * Neither object carries `status.attachError` / `status.detachError`: enqueue.
 /// * Otherwise enqueue only if the objects differ in something other than `resourceVersion`,
 ///   `metadata.managedFields`, `status.attachError` and `status.detachError`, so that the
-///   attacher's own error writes do not re-enqueue the object and defeat its backoff.
-pub fn should_enqueue_va_change(old: &VolumeAttachment, new: &VolumeAttachment) -> bool {
+///   attacher's own error writes do not re-enqueue the object and defeat its backoff. The
+///   cached copies keep a fingerprint of exactly that part of the object ([`Va::fingerprint`]).
+pub fn should_enqueue_va_change(old: &Va, new: &Va) -> bool {
     if old.metadata.resource_version == new.metadata.resource_version {
         return true;
     }
-    if !has_error(old) && !has_error(new) {
+    if !old.has_error() && !new.has_error() {
         return true;
     }
-    strip_ignored(old) != strip_ignored(new)
-}
-
-/// True if the VA's status carries an attach or detach error.
-fn has_error(va: &VolumeAttachment) -> bool {
-    va.status
-        .as_ref()
-        .is_some_and(|s| s.attach_error.is_some() || s.detach_error.is_some())
-}
-
-/// A copy of `va` without the fields [`should_enqueue_va_change`] ignores.
-fn strip_ignored(va: &VolumeAttachment) -> VolumeAttachment {
-    let mut va = va.clone();
-    va.metadata.resource_version = None;
-    va.metadata.managed_fields = None;
-    if let Some(status) = va.status.as_mut() {
-        status.attach_error = None;
-        status.detach_error = None;
-    }
-    // Go's status is a value, not a pointer: an absent status equals an empty one.
-    if va.status.as_ref().is_some_and(|s| *s == Default::default()) {
-        va.status = None;
-    }
-    va
+    old.fingerprint != new.fingerprint
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::storage::v1::{VolumeAttachmentStatus, VolumeError};
+    use k8s_openapi::api::storage::v1::{VolumeAttachment, VolumeAttachmentStatus, VolumeError};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
     fn va(rv: &str) -> VolumeAttachment {
@@ -93,6 +71,11 @@ mod tests {
 
     fn with_finalizer(mut va: VolumeAttachment) -> VolumeAttachment {
         va.metadata.finalizers = Some(vec!["f".into()]);
+        va
+    }
+
+    fn labelled(mut va: VolumeAttachment) -> VolumeAttachment {
+        va.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
         va
     }
 
@@ -165,8 +148,17 @@ mod tests {
                 with_finalizer(with_attach_error(va("2"), "e")),
                 true,
             ),
+            (
+                // The cache drops labels; the fingerprint still sees them, as Go compares
+                // whole objects.
+                "an update that only adds a label next to an error is enqueued",
+                with_attach_error(va("1"), "e"),
+                labelled(with_attach_error(va("2"), "e")),
+                true,
+            ),
         ];
         for (name, old, new, want) in cases {
+            let (old, new) = (Va::from(old), Va::from(new));
             assert_eq!(should_enqueue_va_change(&old, &new), want, "{name}");
         }
     }

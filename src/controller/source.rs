@@ -3,13 +3,11 @@
 
 use std::borrow::Borrow;
 
-use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec,
-};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec};
 
 use super::error::{Error, Result};
 use super::translation::{InTreePlugin, translate_in_tree};
+use crate::k8s::lean::{Pv, Va};
 
 /// Where a VA's volume comes from (`spec.source`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,7 +20,7 @@ pub enum Source<'a> {
 }
 
 /// Reads and checks `va.spec.source` (spec §3.4).
-pub fn va_source(va: &VolumeAttachment) -> Result<Source<'_>> {
+pub fn va_source(va: &Va) -> Result<Source<'_>> {
     let source = &va.spec.source;
     match (&source.persistent_volume_name, &source.inline_volume_spec) {
         (Some(_), Some(_)) => Err(Error::BothSources),
@@ -34,7 +32,7 @@ pub fn va_source(va: &VolumeAttachment) -> Result<Source<'_>> {
 }
 
 /// Refuses to attach a PV that is being deleted (spec §3.5 step 2.1).
-pub fn check_pv_attachable(pv: &PersistentVolume) -> Result<()> {
+pub fn check_pv_attachable(pv: &Pv) -> Result<()> {
     if pv.metadata.deletion_timestamp.is_some() {
         return Err(Error::PvMarkedForDeletion {
             name: pv.metadata.name.clone().unwrap_or_default(),
@@ -87,8 +85,8 @@ pub fn csi_source(spec: &PersistentVolumeSpec) -> Result<&CSIPersistentVolumeSou
 
 /// Turns a PV into a CSI [`Volume`], translating in-tree sources of the seven CSI-migration
 /// plugins (spec §3.4, §3.10). A PV that is neither CSI nor translatable → [`Error::NotCsi`].
-pub fn pv_volume(pv: &PersistentVolume) -> Result<Volume> {
-    let spec = pv.spec.clone().unwrap_or_default();
+pub fn pv_volume(pv: &Pv) -> Result<Volume> {
+    let spec = pv.spec.to_api();
     if let Some(plugin) = InTreePlugin::of(&spec) {
         return Ok(Volume {
             spec: translate_in_tree(pv, plugin)?,
@@ -108,8 +106,8 @@ pub fn pv_volume(pv: &PersistentVolume) -> Result<Volume> {
 ///
 /// Attach uses [`va_source`], [`check_pv_attachable`] and [`pv_volume`] separately, because it
 /// adds the PV finalizer in between.
-pub fn volume_source<P: Borrow<PersistentVolume>>(
-    va: &VolumeAttachment,
+pub fn volume_source<P: Borrow<Pv>>(
+    va: &Va,
     lookup: impl FnOnce(&str) -> Option<P>,
 ) -> Result<Volume> {
     match va_source(va)? {
@@ -131,14 +129,14 @@ mod tests {
 
     #[test]
     fn volume_sources_resolve_or_fail_with_the_spec_texts() {
-        let csi_pv = pv("pv", csi_spec(&["ReadWriteOnce"]));
-        let nfs_pv = pv(
+        let csi_pv = lean_pv(&pv("pv", csi_spec(&["ReadWriteOnce"])));
+        let nfs_pv = lean_pv(&pv(
             "nfs",
             PersistentVolumeSpec {
                 nfs: Some(NFSVolumeSource::default()),
                 ..PersistentVolumeSpec::default()
             },
-        );
+        ));
         let lookup = |name: &str| match name {
             "pv" => Some(&csi_pv),
             "nfs" => Some(&nfs_pv),
@@ -156,7 +154,7 @@ mod tests {
         let mut both = inline(true);
         both.spec.source.persistent_volume_name = Some("pv".into());
 
-        let ok = volume_source(&va(Some("pv")), lookup).expect("csi pv");
+        let ok = volume_source(&lean_va(&va(Some("pv"))), lookup).expect("csi pv");
         assert_eq!(
             ok,
             Volume {
@@ -168,7 +166,7 @@ mod tests {
         assert!(!ok.repairs_handle());
         // An inline spec is used as it is: not counted as migrated (external-attacher's
         // markAsMigrated(ctx, false)), but its handle is repaired by the reconciler.
-        let ok = volume_source(&inline(true), lookup).expect("inline");
+        let ok = volume_source(&lean_va(&inline(true)), lookup).expect("inline");
         assert!(!ok.migrated && ok.inline && ok.repairs_handle());
         assert_eq!(ok.csi().map(|c| c.volume_handle.as_str()), Ok("handle"));
 
@@ -192,7 +190,7 @@ mod tests {
             (inline(false), "inline volume spec contains nil CSI source"),
         ];
         for (va, want) in cases {
-            let err = volume_source(&va, lookup).expect_err(want);
+            let err = volume_source(&lean_va(&va), lookup).expect_err(want);
             assert_eq!(err.to_string(), want);
         }
     }
@@ -200,9 +198,9 @@ mod tests {
     #[test]
     fn attach_is_refused_for_a_pv_marked_for_deletion() {
         let p = pv("pv-1", csi_spec(&["ReadWriteOnce"]));
-        assert_eq!(check_pv_attachable(&p), Ok(()));
+        assert_eq!(check_pv_attachable(&lean_pv(&p)), Ok(()));
         assert_eq!(
-            check_pv_attachable(&deleting(p)).map_err(|e| e.to_string()),
+            check_pv_attachable(&lean_pv(&deleting(p))).map_err(|e| e.to_string()),
             Err("PersistentVolume \"pv-1\" is marked for deletion".to_owned())
         );
     }

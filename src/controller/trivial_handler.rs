@@ -1,10 +1,8 @@
 //! The trivial handler, for drivers without CONTROLLER_SERVICE or
 //! PUBLISH_UNPUBLISH_VOLUME: marks every VA attached, nothing else (spec 4).
 
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-
 use super::sync::{Error, Synced};
-use crate::k8s::{self, Writer};
+use crate::k8s::{self, Writer, lean::Va};
 
 /// Marks VAs attached without calling the driver.
 #[derive(Debug)]
@@ -19,8 +17,8 @@ impl TrivialHandler {
     }
 
     /// Every VA of the driver, deleting or not: `attached: true` if not yet.
-    pub async fn sync_va(&self, va: &VolumeAttachment) -> Result<Synced, Error> {
-        if va.status.as_ref().is_some_and(|s| s.attached) {
+    pub async fn sync_va(&self, va: &Va) -> Result<Synced, Error> {
+        if va.status.attached {
             return Ok(Synced::Unchanged);
         }
         let name = va.metadata.name.as_deref().unwrap_or_default();
@@ -37,8 +35,9 @@ impl TrivialHandler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fixtures::{DRIVER, now, va};
+    use crate::controller::fixtures::{DRIVER, lean_va, now, va};
     use crate::fake_api::FakeApi;
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
 
     #[tokio::test]
     async fn every_va_is_marked_attached_once_and_nothing_else_is_written() {
@@ -46,7 +45,7 @@ mod tests {
         let handler = TrivialHandler::new(api.writer(DRIVER));
         let created = api.put(&va(Some("pv1")));
         assert_eq!(
-            handler.sync_va(&created).await.expect("ok"),
+            handler.sync_va(&lean_va(&created)).await.expect("ok"),
             Synced::Attached
         );
         let stored: VolumeAttachment = api.get(None, "va").expect("the VA");
@@ -56,13 +55,13 @@ mod tests {
         // Attached already: no request at all; a deleting VA is treated alike.
         api.clear_log();
         assert_eq!(
-            handler.sync_va(&stored).await.expect("ok"),
+            handler.sync_va(&lean_va(&stored)).await.expect("ok"),
             Synced::Unchanged
         );
         let mut deleting = stored.clone();
         deleting.metadata.deletion_timestamp = Some(now());
         assert_eq!(
-            handler.sync_va(&deleting).await.expect("ok"),
+            handler.sync_va(&lean_va(&deleting)).await.expect("ok"),
             Synced::Unchanged
         );
         assert!(api.log().is_empty());
@@ -74,12 +73,15 @@ mod tests {
         let handler = TrivialHandler::new(api.writer(DRIVER));
         let never_stored = va(None);
         assert_eq!(
-            handler.sync_va(&never_stored).await.expect("ok"),
+            handler.sync_va(&lean_va(&never_stored)).await.expect("ok"),
             Synced::Unchanged
         );
         api.put(&never_stored);
         api.set_failing(true);
-        let err = handler.sync_va(&never_stored).await.expect_err("fails");
+        let err = handler
+            .sync_va(&lean_va(&never_stored))
+            .await
+            .expect_err("fails");
         assert!(
             err.to_string().starts_with("failed to mark as attached: "),
             "{err}"

@@ -4,22 +4,23 @@
 
 use std::sync::{Arc, OnceLock};
 
-use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
-use kube::runtime::reflector::{ObjectRef, Store};
-
 use super::registry::Registry;
-use crate::k8s::router::Route;
+use crate::k8s::{
+    lean::{Pv, Va},
+    router::Route,
+    stores::Store,
+};
 
 /// Routes watch events to drivers.
 pub(crate) struct Dispatch {
     /// The drivers.
     pub(crate) registry: Arc<Registry>,
     /// The PV cache, set once the router has made it (before any event).
-    pub(crate) pvs: OnceLock<Store<PersistentVolume>>,
+    pub(crate) pvs: OnceLock<Store<Pv>>,
 }
 
 /// The drivers, by sanitized name, that hold an attacher finalizer on `pv`.
-fn finalizer_holders(pv: &PersistentVolume) -> impl Iterator<Item = &str> {
+fn finalizer_holders(pv: &Pv) -> impl Iterator<Item = &str> {
     pv.metadata
         .finalizers
         .iter()
@@ -36,7 +37,7 @@ fn finalizer_holders(pv: &PersistentVolume) -> impl Iterator<Item = &str> {
 /// finalizer on the PV can have anything to do, so only those are told. A
 /// deletion is the only VA event that can release a finalizer: a VA's spec
 /// (and so the PV it names) is immutable, and an added VA only keeps one.
-fn holders_to_tell<'a>(attacher: &str, pv: &'a PersistentVolume) -> Vec<&'a str> {
+fn holders_to_tell<'a>(attacher: &str, pv: &'a Pv) -> Vec<&'a str> {
     let own = crate::names::sanitize_driver_name(attacher);
     let mut holders: Vec<&str> = finalizer_holders(pv).filter(|s| *s != own).collect();
     holders.dedup();
@@ -44,13 +45,13 @@ fn holders_to_tell<'a>(attacher: &str, pv: &'a PersistentVolume) -> Vec<&'a str>
 }
 
 impl Route for Dispatch {
-    fn va_applied(&self, old: Option<&VolumeAttachment>, new: &VolumeAttachment) {
+    fn va_applied(&self, old: Option<&Va>, new: &Va) {
         if let Some(driver) = self.registry.get(&new.spec.attacher) {
             driver.on_va(old, new);
         }
     }
 
-    fn va_deleted(&self, va: &VolumeAttachment) {
+    fn va_deleted(&self, va: &Va) {
         if let Some(driver) = self.registry.get(&va.spec.attacher) {
             driver.on_va_deleted(va);
         }
@@ -59,7 +60,7 @@ impl Route for Dispatch {
             .source
             .persistent_volume_name
             .as_deref()
-            .and_then(|name| self.pvs.get()?.get(&ObjectRef::new(name)))
+            .and_then(|name| self.pvs.get()?.get(name))
         else {
             return;
         };
@@ -70,7 +71,7 @@ impl Route for Dispatch {
         }
     }
 
-    fn pv_applied(&self, pv: &PersistentVolume) {
+    fn pv_applied(&self, pv: &Pv) {
         for sanitized in finalizer_holders(pv) {
             if let Some((name, driver)) = self.registry.by_sanitized(sanitized) {
                 driver.on_pv(&name, pv);
@@ -82,16 +83,16 @@ impl Route for Dispatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use crate::k8s::lean::Meta;
 
-    fn pv(finalizers: &[&str]) -> PersistentVolume {
-        PersistentVolume {
-            metadata: ObjectMeta {
+    fn pv(finalizers: &[&str]) -> Pv {
+        Pv {
+            metadata: Meta {
                 name: Some("pv".into()),
                 finalizers: Some(finalizers.iter().map(|f| (*f).to_string()).collect()),
-                ..ObjectMeta::default()
+                ..Meta::default()
             },
-            ..PersistentVolume::default()
+            ..Pv::default()
         }
     }
 
@@ -113,7 +114,7 @@ mod tests {
         );
         // No attacher finalizer: nobody to tell.
         assert!(holders_to_tell("c.csi.io", &pv(&["kubernetes.io/pv-protection"])).is_empty());
-        assert!(holders_to_tell("c.csi.io", &PersistentVolume::default()).is_empty());
+        assert!(holders_to_tell("c.csi.io", &Pv::default()).is_empty());
     }
 
     #[test]

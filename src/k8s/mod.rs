@@ -5,6 +5,7 @@
 //! * [`transport`] — one HTTP/2 connection to the API server, checked with PINGs (HTTP/1.1
 //!   where the server has no HTTP/2);
 //! * [`router`] — one watch per kind feeding the [`stores`], routing each change;
+//! * [`lean`] — the copies the stores hold: only what the attacher reads of each object;
 //! * [`writer`] — a driver's PATCHes and Secret reads;
 //! * [`budget`] — client-side request budgets (per driver, and the optional hub cap).
 //!
@@ -13,6 +14,7 @@
 
 pub mod budget;
 pub mod client;
+pub mod lean;
 pub mod router;
 pub mod stores;
 pub mod transport;

@@ -1,8 +1,8 @@
 //! One watch per kind (VolumeAttachment, PersistentVolume, CSINode), shared by
 //! every driver, feeding in-memory stores and routing events to drivers.
 //!
-//! `managedFields` are stripped before objects reach the stores: the attacher
-//! never reads them and they are the bulk of many objects.
+//! Each object is turned into its [lean](super::lean) copy as it arrives: the stores hold only
+//! what the attacher reads.
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,29 +12,29 @@ use k8s_openapi::api::{
     storage::v1::{CSINode, VolumeAttachment},
 };
 use kube::{
-    Api, Client, Resource, ResourceExt,
-    runtime::{
-        WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
-        watcher,
-    },
+    Api, Client, Resource,
+    runtime::{WatchStreamExt, watcher},
 };
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{client::WATCH_TIMEOUT, stores::Stores};
+use super::{
+    client::WATCH_TIMEOUT,
+    lean::{Cached, CsiNode, Pv, Va},
+    stores::{ByName, Store, Stores},
+};
 
 /// Receives routed events. Implementations must not block: they look up the
 /// driver and add keys to its queues.
 pub trait Route: Send + Sync + 'static {
     /// A VolumeAttachment was added or changed (`old` is the cached copy
     /// before the change; on resync `old` and `new` are the same object).
-    fn va_applied(&self, old: Option<&VolumeAttachment>, new: &VolumeAttachment);
+    fn va_applied(&self, old: Option<&Va>, new: &Va);
     /// A VolumeAttachment is gone from the API server.
-    fn va_deleted(&self, va: &VolumeAttachment);
+    fn va_deleted(&self, va: &Va);
     /// A PersistentVolume was added or changed (or re-delivered on resync).
-    fn pv_applied(&self, pv: &PersistentVolume);
+    fn pv_applied(&self, pv: &Pv);
 }
 
 /// Starts the three watches and the resync timer. Returns the stores at once;
@@ -49,24 +49,21 @@ pub fn start(
     Stores,
     impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (vas, va_writer) = reflector::store::<VolumeAttachment>();
-    let (pvs, pv_writer) = reflector::store::<PersistentVolume>();
-    let (csinodes, csinode_writer) = reflector::store::<CSINode>();
     let (synced_tx, synced) = watch::channel(false);
     let stores = Stores {
-        vas,
-        pvs,
-        csinodes,
+        vas: Store::default(),
+        pvs: Store::default(),
+        csinodes: Store::default(),
         synced,
     };
+    let (va_listed, va_listed_rx) = oneshot::channel();
+    let (pv_listed, pv_listed_rx) = oneshot::channel();
     let sync_task = {
-        let vas = stores.vas.clone();
-        let pvs = stores.pvs.clone();
         let shutdown = shutdown.clone();
         async move {
             tokio::select! {
                 () = shutdown.cancelled() => {}
-                (va, pv) = futures::future::join(vas.wait_until_ready(), pvs.wait_until_ready()) => {
+                (va, pv) = futures::future::join(va_listed_rx, pv_listed_rx) => {
                     if va.is_ok() && pv.is_ok() {
                         tracing::debug!("VolumeAttachment and PersistentVolume caches synced");
                         let _ = synced_tx.send(true);
@@ -80,8 +77,7 @@ pub fn start(
         let route = route.clone();
         run_watch(
             Api::<VolumeAttachment>::all(client.clone()),
-            va_writer,
-            stores.vas.clone(),
+            Mirror::new(stores.vas.clone(), Some(va_listed)),
             move |change| match change {
                 Change::Applied { old, new } => route.va_applied(old.as_deref(), &new),
                 Change::Deleted(va) => route.va_deleted(&va),
@@ -94,8 +90,7 @@ pub fn start(
         let route = route.clone();
         run_watch(
             Api::<PersistentVolume>::all(client.clone()),
-            pv_writer,
-            stores.pvs.clone(),
+            Mirror::new(stores.pvs.clone(), Some(pv_listed)),
             move |change| {
                 if let Change::Applied { new, .. } = change {
                     route.pv_applied(&new);
@@ -107,8 +102,7 @@ pub fn start(
     };
     let csinode_task = run_watch(
         Api::<CSINode>::all(client),
-        csinode_writer,
-        stores.csinodes.clone(),
+        Mirror::<CsiNode>::new(stores.csinodes.clone(), None),
         |_| {},
         shutdown.clone(),
     )
@@ -148,24 +142,23 @@ pub fn start(
 /// What changed in a cache, delivered after the cache holds the change (so a
 /// worker woken by it reads the new object, as client-go's informers
 /// guarantee).
-enum Change<K> {
+enum Change<T> {
     /// Added or modified; `old` is the copy the cache held before.
     Applied {
         /// The previous copy, if any.
-        old: Option<Arc<K>>,
+        old: Option<Arc<T>>,
         /// The object now (the cache's own copy).
-        new: Arc<K>,
+        new: Arc<T>,
     },
-    /// Gone (including objects found missing when a watch is re-listed).
-    Deleted(K),
+    /// Gone (including objects found missing when a watch is re-listed): its last state.
+    Deleted(Arc<T>),
 }
 
-/// Drives one watch into its store and reports each change once the store
-/// has applied it (see [`Mirror`]).
-async fn run_watch<K, F>(
+/// Drives one watch of API objects `K` into a store of their lean copies `T`, and reports each
+/// change once the store has applied it (see [`Mirror`]).
+async fn run_watch<K, T, F>(
     api: Api<K>,
-    writer: reflector::store::Writer<K>,
-    store: Store<K>,
+    mut mirror: Mirror<T>,
     on_change: F,
     shutdown: CancellationToken,
 ) where
@@ -176,27 +169,36 @@ async fn run_watch<K, F>(
         + Sync
         + serde::de::DeserializeOwned
         + 'static,
-    F: Fn(Change<K>),
+    T: Cached + From<K>,
+    F: Fn(Change<T>),
 {
     let config = watcher::Config::default()
         .timeout(u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX));
-    let stream = watcher(api, config)
-        .backoff(WatchBackoff::default())
-        .modify(|obj: &mut K| obj.managed_fields_mut().clear());
+    let stream = watcher(api, config).backoff(WatchBackoff::default());
     let mut stream: std::pin::Pin<
         Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
     > = Box::pin(stream);
-    let mut mirror = Mirror::new(writer, store);
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return,
             next = stream.next() => next,
         };
         match next {
-            Some(Ok(event)) => mirror.apply(&event, &on_change),
+            Some(Ok(event)) => mirror.apply(lean_event(event), &on_change),
             Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with backoff"),
             None => return,
         }
+    }
+}
+
+/// `event` with its object turned into the lean copy the store keeps.
+fn lean_event<K, T: From<K>>(event: watcher::Event<K>) -> watcher::Event<T> {
+    match event {
+        watcher::Event::Apply(obj) => watcher::Event::Apply(T::from(obj)),
+        watcher::Event::Delete(obj) => watcher::Event::Delete(T::from(obj)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(obj) => watcher::Event::InitApply(T::from(obj)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 
@@ -246,74 +248,72 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 /// store, and objects missing from it as deleted: a deletion that happened
 /// while the watch was down is not lost. The first list is not reported:
 /// nothing acts before the caches are synced, and then every driver starts
-/// from the full cache.
-struct Mirror<K: Resource<DynamicType = ()> + Clone + 'static> {
-    writer: reflector::store::Writer<K>,
-    store: Store<K>,
-    /// Keys of a re-list in progress, with the copy the store held before.
-    listed: Vec<(ObjectRef<K>, Option<Arc<K>>)>,
+/// from the full cache. While a list is in progress the store keeps serving
+/// what it held before.
+struct Mirror<T: Cached> {
+    store: Store<T>,
+    /// The objects of the list in progress.
+    buffer: std::collections::HashSet<ByName<T>>,
+    /// Their order, when the list replaces a store that drivers already act on (the changes
+    /// are reported in list order).
+    listed: Vec<Arc<T>>,
     /// The list in progress replaces a store that drivers already act on.
     relisting: bool,
-    /// A first list has completed.
-    listed_once: bool,
+    /// Told once, when the first list is complete.
+    first_list: Option<oneshot::Sender<()>>,
 }
 
-impl<K: Resource<DynamicType = ()> + Clone + 'static> Mirror<K> {
-    fn new(writer: reflector::store::Writer<K>, store: Store<K>) -> Self {
+impl<T: Cached> Mirror<T> {
+    fn new(store: Store<T>, first_list: Option<oneshot::Sender<()>>) -> Self {
         Self {
-            writer,
             store,
+            buffer: std::collections::HashSet::new(),
             listed: Vec::new(),
             relisting: false,
-            listed_once: false,
+            first_list,
         }
     }
 
-    fn apply(&mut self, event: &watcher::Event<K>, on_change: impl Fn(Change<K>)) {
+    fn apply(&mut self, event: watcher::Event<T>, on_change: impl Fn(Change<T>)) {
         match event {
             watcher::Event::Apply(obj) => {
-                let key = ObjectRef::from_obj(obj);
-                let old = self.store.get(&key);
-                self.writer.apply_watcher_event(event);
-                if let Some(new) = self.store.get(&key) {
-                    on_change(Change::Applied { old, new });
-                }
+                let new = Arc::new(obj);
+                let old = self.store.apply(new.clone());
+                on_change(Change::Applied { old, new });
             }
             watcher::Event::Delete(obj) => {
-                self.writer.apply_watcher_event(event);
-                on_change(Change::Deleted(obj.clone()));
+                self.store.delete(obj.name());
+                on_change(Change::Deleted(Arc::new(obj)));
             }
             watcher::Event::Init => {
+                self.buffer.clear();
                 self.listed.clear();
-                self.relisting = self.listed_once;
-                self.writer.apply_watcher_event(event);
+                // Not the first list once the first has completed.
+                self.relisting = self.first_list.is_none();
             }
             watcher::Event::InitApply(obj) => {
+                let obj = Arc::new(obj);
                 if self.relisting {
-                    let key = ObjectRef::from_obj(obj);
-                    let old = self.store.get(&key);
-                    self.listed.push((key, old));
+                    self.listed.push(obj.clone());
                 }
-                self.writer.apply_watcher_event(event);
+                self.buffer.replace(ByName(obj));
             }
             watcher::Event::InitDone => {
-                self.listed_once = true;
-                let before = self.relisting.then(|| self.store.state());
-                self.writer.apply_watcher_event(event);
-                let Some(before) = before else { return };
-                let present: std::collections::HashSet<&ObjectRef<K>> =
-                    self.listed.iter().map(|(key, _)| key).collect();
-                let gone: Vec<Arc<K>> = before
-                    .into_iter()
-                    .filter(|o| !present.contains(&ObjectRef::from_obj(&**o)))
-                    .collect();
-                for (key, old) in self.listed.drain(..) {
-                    if let Some(new) = self.store.get(&key) {
-                        on_change(Change::Applied { old, new });
-                    }
+                let before = self.store.replace(std::mem::take(&mut self.buffer));
+                if let Some(tx) = self.first_list.take() {
+                    let _ = tx.send(());
                 }
-                for obj in gone {
-                    on_change(Change::Deleted((*obj).clone()));
+                if !std::mem::take(&mut self.relisting) {
+                    return;
+                }
+                for new in self.listed.drain(..) {
+                    let old = before.get(new.name()).map(|o| o.0.clone());
+                    on_change(Change::Applied { old, new });
+                }
+                for gone in before {
+                    if self.store.get(gone.0.name()).is_none() {
+                        on_change(Change::Deleted(gone.0));
+                    }
                 }
             }
         }
@@ -323,9 +323,6 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Mirror<K> {
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
-
-    use k8s_openapi::api::core::v1::PersistentVolume;
-    use kube::api::ObjectMeta;
 
     use super::*;
 
@@ -342,64 +339,63 @@ mod tests {
         assert!(b.next().expect("pause") <= WATCH_BACKOFF_MIN);
     }
 
-    fn pv(name: &str, rv: &str) -> PersistentVolume {
-        PersistentVolume {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                resource_version: Some(rv.into()),
-                ..ObjectMeta::default()
-            },
-            ..PersistentVolume::default()
-        }
+    fn va(name: &str, rv: &str) -> Va {
+        let mut va = VolumeAttachment::default();
+        va.metadata.name = Some(name.into());
+        va.metadata.resource_version = Some(rv.into());
+        Va::from(va)
     }
 
     /// What a change says, as (kind, name, old rv, new rv).
-    fn describe(c: &Change<PersistentVolume>) -> (String, String, String, String) {
-        let rv = |p: &PersistentVolume| p.metadata.resource_version.clone().unwrap_or_default();
-        let name = |p: &PersistentVolume| p.metadata.name.clone().unwrap_or_default();
+    fn describe(c: &Change<Va>) -> (String, String, String, String) {
+        let rv = |v: &Va| {
+            v.metadata
+                .resource_version
+                .as_deref()
+                .unwrap_or_default()
+                .to_owned()
+        };
         match c {
             Change::Applied { old, new } => (
                 "applied".into(),
-                name(new),
+                new.name().into(),
                 old.as_deref().map(rv).unwrap_or_default(),
                 rv(new),
             ),
-            Change::Deleted(o) => ("deleted".into(), name(o), rv(o), String::new()),
+            Change::Deleted(o) => ("deleted".into(), o.name().into(), rv(o), String::new()),
         }
     }
 
     #[test]
     fn changes_are_reported_after_the_store_holds_them_and_relists_report_missed_deletions() {
-        let (store, writer) = reflector::store::<PersistentVolume>();
-        let mut mirror = Mirror::new(writer, store.clone());
+        let store = Store::<Va>::default();
+        let (listed_tx, mut listed) = oneshot::channel();
+        let mut mirror = Mirror::new(store.clone(), Some(listed_tx));
         let seen: RefCell<Vec<(String, String, String, String)>> = RefCell::new(Vec::new());
         let probe = store.clone();
-        let record = |c: Change<PersistentVolume>| {
+        let record = |c: Change<Va>| {
             // The store already holds what is reported.
             if let Change::Applied { new, .. } = &c {
-                let now = probe
-                    .get(&ObjectRef::from_obj(&**new))
-                    .expect("in the store");
+                let now = probe.get(new.name()).expect("in the store");
                 assert_eq!(now.metadata.resource_version, new.metadata.resource_version);
             }
             seen.borrow_mut().push(describe(&c));
         };
 
-        // The first list fills the store and reports nothing.
-        for e in [
-            watcher::Event::Init,
-            watcher::Event::InitApply(pv("a", "1")),
-            watcher::Event::InitApply(pv("b", "2")),
-            watcher::Event::InitDone,
-        ] {
-            mirror.apply(&e, record);
-        }
+        // The first list fills the store, reports nothing, and says it is complete.
+        mirror.apply(watcher::Event::Init, record);
+        mirror.apply(watcher::Event::InitApply(va("a", "1")), record);
+        mirror.apply(watcher::Event::InitApply(va("b", "2")), record);
+        assert!(store.is_empty(), "a list shows once complete");
+        assert!(listed.try_recv().is_err());
+        mirror.apply(watcher::Event::InitDone, record);
+        assert!(listed.try_recv().is_ok());
         assert!(seen.borrow().is_empty());
         assert_eq!(store.len(), 2);
 
         // Live events are reported with the previous copy.
-        mirror.apply(&watcher::Event::Apply(pv("a", "3")), record);
-        mirror.apply(&watcher::Event::Apply(pv("c", "4")), record);
+        mirror.apply(watcher::Event::Apply(va("a", "3")), record);
+        mirror.apply(watcher::Event::Apply(va("c", "4")), record);
         assert_eq!(
             seen.borrow_mut().drain(..).collect::<Vec<_>>(),
             vec![
@@ -408,23 +404,29 @@ mod tests {
             ]
         );
 
-        // The watch restarts: b was deleted and a changed meanwhile.
-        for e in [
-            watcher::Event::Init,
-            watcher::Event::InitApply(pv("a", "7")),
-            watcher::Event::InitApply(pv("c", "4")),
-            watcher::Event::InitDone,
-        ] {
-            mirror.apply(&e, record);
-        }
+        // The watch restarts: b was deleted and a changed meanwhile; the store keeps serving
+        // the old copies until the list is complete.
+        mirror.apply(watcher::Event::Init, record);
+        mirror.apply(watcher::Event::InitApply(va("a", "7")), record);
+        mirror.apply(watcher::Event::InitApply(va("c", "4")), record);
+        assert!(store.get("b").is_some());
+        mirror.apply(watcher::Event::InitDone, record);
         assert_eq!(
-            seen.borrow().clone(),
+            seen.borrow_mut().drain(..).collect::<Vec<_>>(),
             vec![
                 ("applied".into(), "a".into(), "3".into(), "7".into()),
                 ("applied".into(), "c".into(), "4".into(), "4".into()),
                 ("deleted".into(), "b".into(), "2".into(), String::new()),
             ]
         );
-        assert!(store.get(&ObjectRef::new("b")).is_none());
+        assert!(store.get("b").is_none());
+
+        // A deletion reports the object's last state, as the watch delivers it.
+        mirror.apply(watcher::Event::Delete(va("c", "9")), record);
+        assert_eq!(
+            seen.borrow().clone(),
+            vec![("deleted".into(), "c".into(), "9".into(), String::new())]
+        );
+        assert_eq!(store.len(), 1);
     }
 }

@@ -2,7 +2,6 @@
 //! API budgets. Every series carries `driver_name`, and a driver no longer served loses all of
 //! them.
 
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use prometheus::{HistogramOpts, HistogramVec, Registry};
 
@@ -351,22 +350,15 @@ impl HubMetrics {
         self.queue_retries.with_label_values(&[queue, driver]).inc();
     }
 
-    /// Records the end-to-end latency of a VA a sync marked attached: from its creation.
-    pub fn observe_attached(&self, driver: &str, va: &VolumeAttachment) {
-        observe_since(
-            &self.attach_e2e,
-            driver,
-            va.metadata.creation_timestamp.as_ref(),
-        );
+    /// Records the end-to-end latency of a VA a sync marked attached: from its creation
+    /// timestamp.
+    pub fn observe_attached(&self, driver: &str, created: Option<&Time>) {
+        observe_since(&self.attach_e2e, driver, created);
     }
 
-    /// Records the end-to-end latency of a VA a sync detached: from its deletion.
-    pub fn observe_detached(&self, driver: &str, va: &VolumeAttachment) {
-        observe_since(
-            &self.detach_e2e,
-            driver,
-            va.metadata.deletion_timestamp.as_ref(),
-        );
+    /// Records the end-to-end latency of a VA a sync detached: from its deletion timestamp.
+    pub fn observe_detached(&self, driver: &str, deleted: Option<&Time>) {
+        observe_since(&self.detach_e2e, driver, deleted);
     }
 }
 
@@ -387,14 +379,12 @@ mod tests {
     fn end_to_end_latency_is_observed_from_creation_and_from_deletion() {
         let registry = Registry::new();
         let m = HubMetrics::register(&registry).unwrap();
-        let mut va = VolumeAttachment::default();
         // Without the timestamp there is nothing to measure from.
-        m.observe_attached("d", &va);
-        m.observe_detached("d", &va);
-        va.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-        m.observe_attached("d", &va);
-        va.metadata.deletion_timestamp = va.metadata.creation_timestamp.clone();
-        m.observe_detached("d", &va);
+        m.observe_attached("d", None);
+        m.observe_detached("d", None);
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        m.observe_attached("d", Some(&now));
+        m.observe_detached("d", Some(&now));
         let count = |h: &HistogramVec| h.with_label_values(&["d"]).get_sample_count();
         assert_eq!((count(&m.attach_e2e), count(&m.detach_e2e)), (1, 1));
     }

@@ -21,11 +21,20 @@ pub(crate) fn tool(name: &str, how_to_get: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("`{name}` is not installed: {how_to_get}"))
 }
 
-/// One HTTP/1.0 GET over a fresh connection to `addr`: status code and body. HTTP/1.0, so
-/// that the server closes the connection after the body and never chunks it.
+/// One HTTP/1.0 GET over a fresh connection to `addr`: status code and body.
 pub(crate) async fn http_get_at(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    http_request(addr, "GET", path).await
+}
+
+/// One bodiless HTTP/1.0 request over a fresh connection to `addr`: status code and body.
+/// HTTP/1.0, so that the server closes the connection after the body and never chunks it.
+pub(crate) async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let req = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
     stream.write_all(req.as_bytes()).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;

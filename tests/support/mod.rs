@@ -10,27 +10,37 @@
 mod apiserver_metrics;
 mod attachers;
 mod cluster;
+mod controller_manager;
 mod fixtures;
 mod local;
+mod manifests;
 mod mock_binary;
 mod mock_process;
 mod names;
+mod pd;
 mod proc_stats;
 mod process;
 mod vendor;
 mod wait;
+mod workload;
 
 pub(crate) use apiserver_metrics::{ApiServerMetrics, RequestKind};
 pub(crate) use attachers::{Attacher, Probe, Program, eventually, free_port, go_duration};
 pub(crate) use cluster::Cluster;
+pub(crate) use controller_manager::controller_manager;
 pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
     is_attached, sanitize_driver_name, va,
 };
 pub(crate) use local::{http_get, http_get_at, repo, tool};
+pub(crate) use manifests::{documents, kind, kubectl, kustomize, name, namespace, run};
 pub(crate) use mock_binary::mock_csi_driver_bin;
 pub(crate) use mock_process::MockProcess;
 pub(crate) use names::{test_name, unique_driver_name, unique_name};
+pub(crate) use pd::{
+    Attachment, PD_MIGRATION_DRIVER, PD_PROJECT, PD_ZONE, PdCall, PdController, PdOptions,
+    has_disk, holders,
+};
 pub(crate) use proc_stats::{
     TCP_ESTABLISHED, TcpSocket, cpu_seconds, status_mib, tcp_connections_to, tcp_sockets,
 };
@@ -39,6 +49,12 @@ pub(crate) use process::{
 };
 pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, gce_pd_manifests};
 pub(crate) use wait::{WaitError, wait_deleted, wait_for};
+pub(crate) use workload::{
+    NAMESPACE, NodeDriver, PD_TOPOLOGY_KEY, PodVolume, Source, StaticVolume, create_csinode_with,
+    create_managed_node, create_pod, delete_objects, delete_pod, kubelet_heartbeat,
+    unique_volume_name, va_attached, va_pv, vas_of, volumes_attached, wait_gone_from_node_status,
+    wait_in_node_status, wait_vas, wait_volumes_attached,
+};
 
 /// Default time allowed for a condition that a healthy controller reaches in
 /// well under a second; generous because the two cores are shared with etcd,

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds (or reuses) the Go test tools: kube-apiserver, kubectl, etcd, mockcsi,
-# csi-attacher, csi-sanity, translation-oracle, helm (v4) and helm3.
+# Builds (or reuses) the Go test tools: kube-apiserver, kube-controller-manager,
+# kubectl, etcd, mockcsi, csi-attacher, csi-provisioner, csi-sanity,
+# translation-oracle, pd-controller, helm (v4) and helm3.
 #
 # Binaries are cached under $HOME/.cache/attacher-hub/testbins/<key>, where the
 # key hashes the Go version, every go.mod/go.sum, the sources of our own tools
-# (mockcsi, translation-oracle) and this script, so any change to a pin rebuilds
+# (mockcsi, translation-oracle, pd-controller) and this script, so any change to a pin rebuilds
 # and an unchanged tree reuses. Module and build caches are Go's own
 # ($HOME/go/pkg/mod, $HOME/.cache/go-build).
 #
@@ -18,11 +19,12 @@ ATTACHER_VERSION=v4.12.0
 SANITY_VERSION=v5.4.0
 HELM_VERSION=v4.3.2
 HELM3_VERSION=v3.22.0
-BINARIES="etcd mockcsi csi-attacher kube-apiserver kubectl csi-sanity translation-oracle helm helm3"
+PROVISIONER_VERSION=v5.3.0
+BINARIES="etcd mockcsi csi-attacher kube-apiserver kubectl csi-sanity translation-oracle helm helm3
+  kube-controller-manager csi-provisioner pd-controller"
 
 key=$( { go version
-         cat "$here"/*/go.mod "$here"/*/go.sum "$here/k8s/cmd/mockcsi/main.go" \
-           "$here/csi/cmd/translation-oracle/main.go" "$here/build.sh"
+         cat "$here"/*/go.mod "$here"/*/go.sum "$here"/*/cmd/*/main.go "$here/build.sh"
        } | sha256sum | cut -c1-16)
 out=${ATTACHER_TESTBINS:-${XDG_CACHE_HOME:-$HOME/.cache}/attacher-hub/testbins/$key}
 
@@ -34,7 +36,7 @@ if [ "$complete" = 1 ]; then
   exit 0
 fi
 
-echo "testbins: building into $out (first build takes about 15 minutes on 2 cores)" >&2
+echo "testbins: building into $out (first build takes about 25 minutes on 2 cores)" >&2
 tmp="$out.partial"
 mkdir -p "$tmp"
 started=$(date +%s)
@@ -62,6 +64,12 @@ step helm helm "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" helm.
 h3=$(cd "$here/helm" && go list -f '{{.Version}}' -m k8s.io/client-go | cut -d. -f2)
 h3="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$h3 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$h3"
 step helm3 helm "-X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION $h3" helm.sh/helm/v3/cmd/helm
+# The peers around the hub (issue 19): the attach-detach controller that creates
+# VolumeAttachments from Pods, the provisioner that creates PVs, and the GCE PD
+# driver's own controller service on its fake cloud (cmd/pd-controller, ours).
+step kube-controller-manager k8s "$KLDFLAGS" k8s.io/kubernetes/cmd/kube-controller-manager
+step csi-provisioner provisioner "-X main.version=$PROVISIONER_VERSION" github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
+step pd-controller pd "" ./cmd/pd-controller
 
 rm -rf "$out"
 mv "$tmp" "$out"

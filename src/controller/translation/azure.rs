@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::SecretReference;
 
 use super::{error::TranslationError, plugin::Translation};
+use crate::names::AZURE_FILE_RESOURCE_GROUP_ANNOTATION;
 
 /// Azure Disk: refused unless `kind` is missing or `Managed` (any case); handle = `diskURI`;
 /// attributes `kind`, `cachingmode` and `fstype` (also copied to fsType); readOnly copied.
@@ -64,9 +65,6 @@ pub(crate) fn translate_file(t: &mut Translation<'_>) -> Result<(), TranslationE
     });
     Ok(())
 }
-
-/// PV annotation with the Azure resource group of an in-tree Azure File share.
-const AZURE_FILE_RESOURCE_GROUP_ANNOTATION: &str = "kubernetes.io/azure-file-resource-group";
 
 /// Name of the Azure File secret that names a storage account: `azure-storage-account-<account>-secret`.
 const AZURE_FILE_SECRET_PREFIX: &str = "azure-storage-account-";

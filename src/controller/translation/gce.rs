@@ -2,9 +2,9 @@
 //! labels, regions from zones, backward-compatible access modes, and the reconciler's repair of
 //! `UNSPECIFIED` handles.
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-
 use super::{error::TranslationError, plugin::Translation};
+use crate::k8s::lean::Pv;
+use crate::names::{BETA_ZONE_LABEL, GA_ZONE_LABEL};
 
 /// GCE PD: the handle from the zone labels ([`gce_volume_handle`]); attribute `partition`, `""`
 /// for 0; readOnly and fsType copied; access modes made backward compatible.
@@ -27,13 +27,6 @@ pub(crate) fn translate(t: &mut Translation<'_>) -> Result<(), TranslationError>
     Ok(())
 }
 
-/// Zone label read first for GCE PD volume handles (csi-translation-lib reads the beta label
-/// and falls back to the GA one only when the beta label is empty or missing).
-const GCE_BETA_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
-
-/// Zone label read when the beta one is empty or missing.
-const GCE_GA_ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-
 /// Separator of several zones in one zone label (regional disks).
 const MULTI_ZONE_SEPARATOR: &str = "__";
 
@@ -41,17 +34,14 @@ const MULTI_ZONE_SEPARATOR: &str = "__";
 const GCE_UNSPECIFIED: &str = "UNSPECIFIED";
 
 /// The GCE PD CSI volume handle for `pd_name`, zonal or regional from the PV's zone label.
-fn gce_volume_handle(pv: &PersistentVolume, pd_name: &str) -> Result<String, TranslationError> {
-    let label = |key: &str| {
-        pv.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(key))
-            .map_or("", String::as_str)
-    };
-    let mut zones_label = label(GCE_BETA_ZONE_LABEL);
+///
+/// The zone label: the beta one, or the GA one when the beta label is empty or missing
+/// (csi-translation-lib reads them so).
+fn gce_volume_handle(pv: &Pv, pd_name: &str) -> Result<String, TranslationError> {
+    let label = |key: &str| pv.metadata.label(key).unwrap_or("");
+    let mut zones_label = label(BETA_ZONE_LABEL);
     if zones_label.is_empty() {
-        zones_label = label(GCE_GA_ZONE_LABEL);
+        zones_label = label(GA_ZONE_LABEL);
     }
     // Go's strings.Split: "" gives [""], "a__" gives ["a", ""]; empty parts are kept.
     let zones: Vec<&str> = zones_label.split(MULTI_ZONE_SEPARATOR).collect();
@@ -255,6 +245,9 @@ mod tests {
         // A missing list stays missing.
         let mut pv = gce_pv(None, &[]);
         pv.spec.as_mut().expect("spec").access_modes = None;
-        assert_eq!(pv_volume(&pv).expect("gce").spec.access_modes, None);
+        assert_eq!(
+            pv_volume(&lean_pv(&pv)).expect("gce").spec.access_modes,
+            None
+        );
     }
 }

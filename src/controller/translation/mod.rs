@@ -15,7 +15,7 @@ mod plugin;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec, SecretReference,
+    CSIPersistentVolumeSource, PersistentVolumeSpec, SecretReference,
 };
 
 pub use error::TranslationError;
@@ -23,11 +23,8 @@ pub use gce::gce_region_from_zones;
 use plugin::Translation;
 pub use plugin::{InTreePlugin, is_migratable_in_tree, is_migration_driver};
 
-/// PV annotations from which a Portworx PV takes all five CSI secret references (both needed).
-const PORTWORX_SECRET_NAME_ANNOTATION: &str = "openstorage.io/auth-secret-name";
-
-/// See [`PORTWORX_SECRET_NAME_ANNOTATION`].
-const PORTWORX_SECRET_NAMESPACE_ANNOTATION: &str = "openstorage.io/auth-secret-namespace";
+use crate::k8s::lean::Pv;
+use crate::names::{PORTWORX_SECRET_NAME_ANNOTATION, PORTWORX_SECRET_NAMESPACE_ANNOTATION};
 
 /// Translates an in-tree PV spec to a CSI one, as csi-translation-lib's
 /// `TranslateInTreePVToCSI` does.
@@ -59,12 +56,12 @@ const PORTWORX_SECRET_NAMESPACE_ANNOTATION: &str = "openstorage.io/auth-secret-n
 ///   references from the `openstorage.io/auth-secret-name` / `-namespace` annotations when both
 ///   are present.
 pub fn translate_in_tree(
-    pv: &PersistentVolume,
+    pv: &Pv,
     plugin: InTreePlugin,
 ) -> Result<PersistentVolumeSpec, TranslationError> {
     let mut t = Translation {
         pv,
-        spec: pv.spec.clone().unwrap_or_default(),
+        spec: pv.spec.to_api(),
         csi: CSIPersistentVolumeSource {
             driver: plugin.driver_name().to_owned(),
             ..CSIPersistentVolumeSource::default()
@@ -156,7 +153,7 @@ mod tests {
     use crate::controller::fixtures::*;
     use crate::controller::source::pv_volume;
     use k8s_openapi::api::core::v1::{
-        CinderPersistentVolumeSource, VsphereVirtualDiskVolumeSource,
+        CinderPersistentVolumeSource, PersistentVolume, VsphereVirtualDiskVolumeSource,
     };
 
     #[test]
@@ -279,7 +276,7 @@ mod tests {
             ),
         ];
         for (name, pv, driver, handle, attributes, fs, ro) in cases {
-            let vol = pv_volume(&pv).expect(name);
+            let vol = pv_volume(&lean_pv(&pv)).expect(name);
             assert!(vol.migrated && !vol.inline, "{name}");
             assert!(
                 InTreePlugin::of(&vol.spec).is_none(),
@@ -291,9 +288,9 @@ mod tests {
             assert_eq!(csi.volume_attributes.as_ref(), Some(&attributes), "{name}");
             assert_eq!(csi.fs_type.as_deref(), fs, "{name}");
             assert_eq!(csi.read_only, ro, "{name}");
-            assert!(is_migratable_in_tree(&pv, driver), "{name}");
+            assert!(is_migratable_in_tree(&lean_pv(&pv), driver), "{name}");
             assert!(is_migration_driver(driver), "{name}");
-            assert!(!is_migratable_in_tree(&pv, DRIVER), "{name}");
+            assert!(!is_migratable_in_tree(&lean_pv(&pv), DRIVER), "{name}");
         }
     }
 
@@ -329,7 +326,8 @@ mod tests {
 
     #[test]
     fn translation_errors_carry_the_attacher_prefix() {
-        let err = pv_volume(&ebs_pv("aws://zone/not-a-volume", None)).expect_err("refused");
+        let err =
+            pv_volume(&lean_pv(&ebs_pv("aws://zone/not-a-volume", None))).expect_err("refused");
         assert_eq!(
             err.to_string(),
             "failed to translate in tree pv to CSI: failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume (aws://zone/not-a-volume)"

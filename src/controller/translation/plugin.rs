@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec,
-};
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec};
+
+use crate::k8s::lean::{InTreeSource, Pv};
 
 /// The in-tree volume plugins csi-translation-lib migrates, and their CSI drivers (spec §2
 /// step 10).
@@ -57,6 +57,19 @@ impl InTreePlugin {
         Self::ALL.into_iter().find(|p| p.is_used_by(spec))
     }
 
+    /// The plugin of a cached PV's in-tree source.
+    pub fn of_cached(source: &InTreeSource) -> Self {
+        match source {
+            InTreeSource::GcePersistentDisk(_) => Self::GcePersistentDisk,
+            InTreeSource::AwsElasticBlockStore(_) => Self::AwsElasticBlockStore,
+            InTreeSource::AzureDisk(_) => Self::AzureDisk,
+            InTreeSource::AzureFile(_) => Self::AzureFile,
+            InTreeSource::Cinder(_) => Self::Cinder,
+            InTreeSource::VsphereVolume(_) => Self::VsphereVolume,
+            InTreeSource::PortworxVolume(_) => Self::PortworxVolume,
+        }
+    }
+
     fn is_used_by(self, spec: &PersistentVolumeSpec) -> bool {
         match self {
             Self::GcePersistentDisk => spec.gce_persistent_disk.is_some(),
@@ -76,18 +89,18 @@ pub fn is_migration_driver(driver: &str) -> bool {
 }
 
 /// True if the PV uses an in-tree source whose migration driver is `driver`.
-pub fn is_migratable_in_tree(pv: &PersistentVolume, driver: &str) -> bool {
+pub fn is_migratable_in_tree(pv: &Pv, driver: &str) -> bool {
     pv.spec
+        .in_tree
         .as_ref()
-        .and_then(InTreePlugin::of)
-        .is_some_and(|p| p.driver_name() == driver)
+        .is_some_and(|s| InTreePlugin::of_cached(s).driver_name() == driver)
 }
 
 /// The parts of the CSI spec a plugin fills in: the spec (its in-tree source taken out), the
 /// CSI source and its volume attributes.
 pub(crate) struct Translation<'a> {
     /// The PV being translated (for its name, labels and annotations).
-    pub(crate) pv: &'a PersistentVolume,
+    pub(crate) pv: &'a Pv,
     /// Its spec, whose in-tree source the plugin takes out.
     pub(crate) spec: PersistentVolumeSpec,
     /// The CSI source being filled in.
@@ -99,11 +112,6 @@ pub(crate) struct Translation<'a> {
 impl<'a> Translation<'a> {
     /// The PV's annotation `key`.
     pub(crate) fn annotation(&self, key: &str) -> Option<&'a str> {
-        self.pv
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(key))
-            .map(String::as_str)
+        self.pv.metadata.annotation(key)
     }
 }

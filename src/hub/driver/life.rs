@@ -336,7 +336,7 @@ mod tests {
     /// by must be forgotten too, or the memory grows for as long as the connection lasts.
     #[tokio::test(start_paused = true)]
     async fn a_va_deleted_while_standing_by_is_forgotten_by_the_handler() {
-        use crate::controller::fixtures::{DRIVER, csi_spec, csinode, now, pv, va};
+        use crate::controller::fixtures::{DRIVER, csi_spec, csinode, lean_va, now, pv, va};
         use k8s_openapi::api::coordination::v1::Lease;
         use k8s_openapi::api::storage::v1::VolumeAttachment;
 
@@ -412,7 +412,7 @@ mod tests {
 
         // The VA goes while this replica stands by.
         rig.caches.delete_va(&added);
-        rig.driver.on_va_deleted(&added);
+        rig.driver.on_va_deleted(&lean_va(&added));
 
         // The other holder lets go; this replica leads again with the same handler.
         set_holder("");

@@ -18,7 +18,6 @@ mod workers;
 
 use std::sync::Arc;
 
-use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
 use parking_lot::RwLock;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -28,6 +27,7 @@ use crate::{
     controller::{Handler, patches::should_enqueue_pv, predicate::should_enqueue_va_change},
     csi::Capabilities,
     k8s::budget::ApiBudget,
+    k8s::lean::{Pv, Va},
     leader::guard as lease_guard,
     names::{PV_QUEUE_NAME, VA_QUEUE_NAME},
     queue::Queue,
@@ -323,7 +323,7 @@ impl Driver {
     // === events (called by the router through the hub; must not block) ===
 
     /// A VA of this driver was added or changed.
-    pub fn on_va(&self, old: Option<&VolumeAttachment>, new: &VolumeAttachment) {
+    pub fn on_va(&self, old: Option<&Va>, new: &Va) {
         let Some(handler) = self.handler() else {
             return;
         };
@@ -332,7 +332,7 @@ impl Driver {
         }
     }
 
-    fn enqueue_va(&self, handler: &Handler, va: &VolumeAttachment) {
+    fn enqueue_va(&self, handler: &Handler, va: &Va) {
         let Some(name) = va.metadata.name.as_deref() else {
             return;
         };
@@ -345,7 +345,7 @@ impl Driver {
     }
 
     /// A VA of this driver is gone: its PV may lose our finalizer now.
-    pub fn on_va_deleted(&self, va: &VolumeAttachment) {
+    pub fn on_va_deleted(&self, va: &Va) {
         // Forgotten by the connection's handler whether or not this replica leads.
         let connected = self.connected.read().clone();
         if let (Some(handler), Some(name)) = (connected, va.metadata.name.as_deref()) {
@@ -360,7 +360,7 @@ impl Driver {
     }
 
     /// A PV carrying our finalizer was added or changed.
-    pub fn on_pv(&self, driver: &str, pv: &PersistentVolume) {
+    pub fn on_pv(&self, driver: &str, pv: &Pv) {
         if self.handler().is_none() {
             return;
         }

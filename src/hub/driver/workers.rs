@@ -220,8 +220,12 @@ impl Driver {
                 queue.forget(key);
                 self.clear_error(Some(key));
                 match synced {
-                    Synced::Attached => shared.metrics.observe_attached(&driver, &va),
-                    Synced::Detached => shared.metrics.observe_detached(&driver, &va),
+                    Synced::Attached => shared
+                        .metrics
+                        .observe_attached(&driver, va.metadata.creation_timestamp.as_ref()),
+                    Synced::Detached => shared
+                        .metrics
+                        .observe_detached(&driver, va.metadata.deletion_timestamp.as_ref()),
                     // The echo of our own write, a resync, a forced re-publish: no new attach.
                     Synced::Unchanged => {}
                 }
@@ -309,7 +313,7 @@ mod tests {
     use crate::cli::Args;
     use crate::config::Defaults;
     use crate::controller::csi_handler::{self, CsiHandler};
-    use crate::controller::fixtures::{DRIVER, csi_spec, csinode, now, pv, va};
+    use crate::controller::fixtures::{DRIVER, csi_spec, csinode, lean_va, now, pv, va};
     use crate::csi::{Capabilities, fake::FakeCsi};
     use crate::fake_api::FakeApi;
     use crate::hub::context::tests::context;
@@ -392,7 +396,7 @@ mod tests {
         let (driver, handler) = rig(&api, &mut caches, &csi, false).await;
         let added = added_va(&api, &mut caches);
         let workers = driver.clone().start_workers(&hub.shared, &handler);
-        driver.on_va(None, &added);
+        driver.on_va(None, &lean_va(&added));
         let last_error = || driver.describe()["lastError"].as_str().map(str::to_owned);
         eventually("the CSINode error", || last_error().is_some()).await;
         let shown = driver.describe();
@@ -422,7 +426,7 @@ mod tests {
         let workers = driver.clone().start_workers(&hub.shared, &handler);
 
         // The initial sync and the add event both queue the VA: one publish.
-        driver.on_va(None, &added);
+        driver.on_va(None, &lean_va(&added));
         let attached = || {
             api.get::<VolumeAttachment>(None, "va")
                 .and_then(|v| v.status)
@@ -431,7 +435,7 @@ mod tests {
         eventually("the attach", attached).await;
         let stored: VolumeAttachment = api.get(None, "va").expect("the VA");
         caches.apply_va(&stored);
-        driver.on_va(Some(&added), &stored);
+        driver.on_va(Some(&lean_va(&added)), &lean_va(&stored));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(csi.calls_of("ControllerPublishVolume").len(), 1);
         let e2e = |h: &prometheus::HistogramVec| h.with_label_values(&[DRIVER]).get_sample_count();
@@ -446,7 +450,7 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(now());
         let deleting = api.put(&deleting);
         caches.apply_va(&deleting);
-        driver.on_va(Some(&stored), &deleting);
+        driver.on_va(Some(&lean_va(&stored)), &lean_va(&deleting));
         eventually("the detach", || {
             api.get::<VolumeAttachment>(None, "va").is_none()
         })
@@ -459,7 +463,7 @@ mod tests {
         );
         driver.stop_workers(workers).await;
         // Without workers, events are dropped.
-        driver.on_va(None, &added);
+        driver.on_va(None, &lean_va(&added));
         assert!(driver.queue_depths().iter().all(|(_, q)| q.is_empty()));
     }
 
@@ -506,7 +510,7 @@ mod tests {
         }
         let workers = driver.clone().start_workers(&hub.shared, &handler);
         for v in &vas {
-            driver.on_va(None, v);
+            driver.on_va(None, &lean_va(v));
         }
         let calls = |m: &str| csi.calls_of(m).len();
         eventually("four attaches and four detaches", || {
