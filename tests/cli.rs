@@ -289,3 +289,98 @@ fn logging_format_json_gives_json_lines() {
         assert!(value.get("fields").is_none(), "{line}");
     }
 }
+
+/// A kubeconfig whose server refuses every connection (port 1 on loopback).
+const DEAD_KUBECONFIG: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: https://127.0.0.1:1
+contexts:
+- name: c
+  context:
+    cluster: c
+    user: u
+current-context: c
+users:
+- name: u
+  user:
+    token: t
+";
+
+/// How long the hub runs against an API server that is not there.
+const UNREACHABLE_RUN: Duration = Duration::from_secs(45);
+
+#[test]
+fn an_unreachable_api_server_is_named_with_its_cause_a_few_times_a_minute() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, DEAD_KUBECONFIG).expect("write the kubeconfig");
+    let socket = dir.path().join("csi.sock");
+    // A listening socket, so that the driver's own retries stay quiet; it never answers.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind a socket");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--csi-address={}", socket.display()))
+        // Debug lines show every failed attempt, so that their pace can be read too.
+        .arg("--v=2")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the attacher-hub binary starts");
+    std::thread::sleep(UNREACHABLE_RUN);
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("collecting its output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with('W') || l.starts_with('E'))
+        .collect();
+    let watch_warnings: Vec<&&str> = warnings
+        .iter()
+        .filter(|l| l.contains("\"watch failed"))
+        .collect();
+    // Each warning names the server and the cause.
+    assert!(!watch_warnings.is_empty(), "{stderr}");
+    for line in &watch_warnings {
+        assert!(
+            line.contains("server=\"https://127.0.0.1:1/\"")
+                && line.contains("Connection refused")
+                && line.contains("kind="),
+            "{line}"
+        );
+    }
+    // The first failure of each of the three watches, then at most one warning per watch
+    // every 30 s: at most six watch warnings in 45 s (eight a minute at worst), where a
+    // retry every 0.4 s logged 160 lines in 20 s.
+    assert!(
+        (3..=6).contains(&watch_warnings.len()),
+        "{} watch warnings in {UNREACHABLE_RUN:?}:\n{}",
+        watch_warnings.len(),
+        watch_warnings
+            .iter()
+            .map(|l| **l)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        warnings.len() <= 12,
+        "{} warnings in {UNREACHABLE_RUN:?}:\n{}",
+        warnings.len(),
+        warnings.join("\n")
+    );
+    // The attempts back off: 0.8 s doubling to 4 s, each pause up to twice that, is at most
+    // 14 attempts per watch in 45 s.
+    let attempts = stderr
+        .lines()
+        .filter(|l| l.contains("\"watch failed") && l.contains("kind=\"VolumeAttachment\""))
+        .count();
+    assert!(
+        (3..=14).contains(&attempts),
+        "{attempts} attempts of the VolumeAttachment watch in {UNREACHABLE_RUN:?}"
+    );
+}

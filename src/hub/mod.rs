@@ -169,7 +169,13 @@ pub async fn run(
         registry: hub_registry.clone(),
         pvs: OnceLock::new(),
     });
-    let (stores, watches) = router::start(client.clone(), dispatch.clone(), resync, &watch_stop);
+    let (stores, watches) = router::start(
+        client.clone(),
+        kube_cfg.cluster_url.to_string(),
+        dispatch.clone(),
+        resync,
+        &watch_stop,
+    );
     // No event flows before `watches` is spawned below.
     let _ = dispatch.pvs.set(stores.pvs.clone());
     // Tasks that live as long as the hub; one that ends early ends the process (the kubelet
