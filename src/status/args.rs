@@ -72,7 +72,7 @@ pub enum Output {
 fn parse_duration(value: &str) -> Result<Duration, String> {
     match crate::cli::parse_go_duration(value) {
         Ok(ns) if ns > 0 => Ok(Duration::from_nanos(ns.unsigned_abs())),
-        Ok(_) => Err(format!("{value:?} must be greater than zero")),
+        Ok(_) => Err(format!("must be greater than zero, not {value}")),
         Err(e) => Err(e.to_string()),
     }
 }
