@@ -274,8 +274,10 @@ impl Driver {
             }
         }
         drop(held);
+        // Whoever holds the Lease now, it is not the holder this term saw: leading, we have
+        // just vacated it; standing by, nobody watches it until the next term's elector does.
+        self.info.write().lease_holder = None;
         if matches!(term, Term::HandedOver | Term::Yielded(_)) {
-            self.info.write().lease_holder = None;
             self.set_state(State::Standby);
         }
         self.hand_over.send_replace(false);
@@ -339,6 +341,40 @@ mod tests {
         stop.cancel();
         assert!(matches!(term.await, Term::Over(Outcome::Stopped)));
         assert_eq!(rig.hub.shared.balance.leading(), 0);
+    }
+
+    /// A term that ends because the driver's connection is lost (or the driver stops) vacates
+    /// the Lease: `/drivers` (and so `attacher-hub status`) must not keep naming this replica
+    /// as its holder.
+    #[tokio::test(start_paused = true)]
+    async fn a_vacated_lease_is_not_shown_with_its_old_holder() {
+        let rig = Rig::new(true);
+        let handler = rig.trivial_handler();
+        let stop = CancellationToken::new();
+        let (loss, mut losses) = watch::channel(0u64);
+        let holder = || rig.driver.describe()["leaseHolder"].clone();
+        let mut term = pin!(rig.driver.clone().serve_term(
+            &rig.hub.shared,
+            &stop,
+            DRIVER,
+            &handler,
+            &mut losses,
+            None,
+        ));
+        until(term.as_mut(), "it leads", || {
+            rig.driver.state() == State::Leading
+        })
+        .await;
+        assert_eq!(holder(), "me");
+        loss.send_replace(1);
+        assert!(matches!(term.await, Term::Over(Outcome::ConnectionLost)));
+        let lease: k8s_openapi::api::coordination::v1::Lease = rig
+            .api
+            .get(Some("default"), &crate::names::lease_name(DRIVER))
+            .expect("the Lease");
+        let spec = lease.spec.expect("a spec");
+        assert_eq!(spec.holder_identity.as_deref().unwrap_or(""), "", "vacated");
+        assert!(holder().is_null(), "shown holder: {}", holder());
     }
 
     /// A panic in the driver's task drops its term mid-way. The elector must go with it (no
