@@ -336,6 +336,60 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// Which of a run of repeated failures deserve a warning: the first, then at most one per
+/// period, each counting the failures since the previous warning; the others go to the debug
+/// level. A success ends the run. Keeps a log readable while something stays broken (an API
+/// server away for an hour is a few warnings a minute, not one per retry).
+#[derive(Debug)]
+pub struct Throttle {
+    /// At most one warning this often.
+    every: std::time::Duration,
+    /// Failures of the current run.
+    failures: u64,
+    /// Failures not counted in a warning yet.
+    unreported: u64,
+    /// When the last warning was due.
+    warned: Option<tokio::time::Instant>,
+}
+
+impl Throttle {
+    /// At most one warning per `every`.
+    pub fn new(every: std::time::Duration) -> Self {
+        Self {
+            every,
+            failures: 0,
+            unreported: 0,
+            warned: None,
+        }
+    }
+
+    /// Another failure: `Some(n)` when it deserves a warning, `n` being the failures since the
+    /// last one (this one included); `None` for the debug level.
+    pub fn failed(&mut self) -> Option<u64> {
+        self.failures += 1;
+        self.unreported += 1;
+        let now = tokio::time::Instant::now();
+        if self.warned.is_none_or(|at| now >= at + self.every) {
+            self.warned = Some(now);
+            Some(std::mem::take(&mut self.unreported))
+        } else {
+            None
+        }
+    }
+
+    /// Failures of the current run so far.
+    pub fn failures(&self) -> u64 {
+        self.failures
+    }
+
+    /// A success: the run is over; returns how many failures it had (0: there was none).
+    pub fn succeeded(&mut self) -> u64 {
+        let failures = self.failures;
+        *self = Self::new(self.every);
+        failures
+    }
+}
+
 /// `error: root cause` on one line, for logs of API errors: only the innermost cause is appended,
 /// because kube's `Error::Api` already repeats its `Status` in its own message.
 pub fn error_with_root_cause(error: &dyn std::error::Error) -> String {

@@ -1,5 +1,9 @@
 //! The `attacher-hub` binary's command line: exit codes and output, as external-attacher's.
 
+#[path = "support/mock_binary.rs"]
+mod mock_binary;
+
+use std::io::BufRead;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -333,15 +337,30 @@ const UNREACHABLE_RUN: Duration = Duration::from_secs(45);
 
 #[test]
 fn an_unreachable_api_server_is_named_with_its_cause_a_few_times_a_minute() {
+    // The watches and a driver's elector all fail; the log stays a few lines a minute.
     let dir = tempfile::tempdir().expect("a temp dir");
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, DEAD_KUBECONFIG).expect("write the kubeconfig");
     let socket = dir.path().join("csi.sock");
-    // A listening socket, so that the driver's own retries stay quiet; it never answers.
-    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind a socket");
+    // A ready driver, so that its elector tries the API server too.
+    let mut driver = Command::new(mock_binary::mock_csi_driver_bin())
+        .arg(format!("--endpoint={}", socket.display()))
+        .arg("--name=unreachable.csi.example.com")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the mock driver starts");
+    let mut ready = String::new();
+    std::io::BufReader::new(driver.stdout.take().expect("its stdout"))
+        .read_line(&mut ready)
+        .expect("the mock driver says ready");
+    assert_eq!(ready.trim(), "ready");
     let mut child = Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--csi-address={}", socket.display()))
+        .arg("--leader-election")
+        .arg("--leader-election-namespace=default")
         // Debug lines show every failed attempt, so that their pace can be read too.
         .arg("--v=2")
         .env_remove("RUST_LOG")
@@ -352,8 +371,14 @@ fn an_unreachable_api_server_is_named_with_its_cause_a_few_times_a_minute() {
         .expect("the attacher-hub binary starts");
     std::thread::sleep(UNREACHABLE_RUN);
     let _ = child.kill();
+    let _ = driver.kill();
+    let _ = driver.wait();
     let out = child.wait_with_output().expect("collecting its output");
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("driver ready"),
+        "the driver became ready: {stderr}"
+    );
 
     let warnings: Vec<&str> = stderr
         .lines()
@@ -385,6 +410,17 @@ fn an_unreachable_api_server_is_named_with_its_cause_a_few_times_a_minute() {
             .map(|l| **l)
             .collect::<Vec<_>>()
             .join("\n")
+    );
+    // The driver's elector: the first failure, then one warning per 30 s (it tries every
+    // 0.5-2 s).
+    let lease_warnings = warnings
+        .iter()
+        .filter(|l| l.contains("\"failed to acquire lease\""))
+        .count();
+    assert!(
+        (1..=2).contains(&lease_warnings),
+        "{lease_warnings} lease warnings in {UNREACHABLE_RUN:?}:\n{}",
+        warnings.join("\n")
     );
     assert!(
         warnings.len() <= 12,

@@ -288,43 +288,36 @@ const WATCH_LOG_EVERY: Duration = Duration::from_secs(30);
 /// What the log says about one watch's failures: the first failure and then at most one
 /// warning per [`WATCH_LOG_EVERY`], each naming the API server and the cause, and the
 /// recovery once.
-#[derive(Debug, Default)]
-struct WatchLog {
-    /// Failures since the last success.
-    failures: u64,
-    /// Failures not reported in a warning yet.
-    unreported: u64,
-    /// When the last warning was logged.
-    warned: Option<tokio::time::Instant>,
+#[derive(Debug)]
+struct WatchLog(crate::telemetry::Throttle);
+
+impl Default for WatchLog {
+    fn default() -> Self {
+        Self(crate::telemetry::Throttle::new(WATCH_LOG_EVERY))
+    }
 }
 
 impl WatchLog {
     /// A failure of the watch of `server`.
     fn failed(&mut self, server: &str, error: &watcher::Error) {
-        self.failures += 1;
-        self.unreported += 1;
-        let now = tokio::time::Instant::now();
         let err = crate::telemetry::error_chain(error);
-        if self.warned.is_none_or(|at| now >= at + WATCH_LOG_EVERY) {
-            self.warned = Some(now);
-            tracing::warn!(
-                %server,
-                err,
-                failures = self.unreported,
-                "watch failed; retrying with backoff"
-            );
-            self.unreported = 0;
-        } else {
-            tracing::debug!(%server, err, failures = self.failures, "watch failed");
+        match self.0.failed() {
+            Some(failures) => {
+                tracing::warn!(%server, err, failures, "watch failed; retrying with backoff");
+            }
+            None => {
+                let failures = self.0.failures();
+                tracing::debug!(%server, err, failures, "watch failed");
+            }
         }
     }
 
     /// The watch delivered again.
     fn delivered(&mut self, server: &str) {
-        if self.failures > 0 {
-            tracing::info!(%server, failures = self.failures, "watch resumed");
+        let failures = self.0.succeeded();
+        if failures > 0 {
+            tracing::info!(%server, failures, "watch resumed");
         }
-        *self = Self::default();
     }
 }
 
@@ -462,28 +455,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failing_watch_warns_once_then_at_most_every_thirty_seconds_and_says_when_it_resumes()
     {
-        let error = || watcher::Error::NoResourceVersion;
-        let mut log = WatchLog::default();
-        log.failed("https://api:6443/", &error());
-        assert!(log.warned.is_some());
-        assert_eq!(log.unreported, 0);
-        let first = log.warned;
+        let mut log = crate::telemetry::Throttle::new(WATCH_LOG_EVERY);
+        assert_eq!(log.failed(), Some(1), "the first failure warns");
         for _ in 0..20 {
             tokio::time::advance(Duration::from_secs(1)).await;
-            log.failed("https://api:6443/", &error());
+            assert_eq!(log.failed(), None, "no second warning within 30 s");
         }
-        assert_eq!(log.warned, first, "no second warning within 30 s");
-        assert_eq!(log.unreported, 20, "counted for the next warning");
         tokio::time::advance(WATCH_LOG_EVERY).await;
-        log.failed("https://api:6443/", &error());
-        assert_ne!(log.warned, first);
-        assert_eq!((log.unreported, log.failures), (0, 22));
-        log.delivered("https://api:6443/");
-        assert_eq!(
-            (log.failures, log.warned),
-            (0, None),
-            "the next failure warns at once"
-        );
+        assert_eq!(log.failed(), Some(21), "counting the ones in between");
+        assert_eq!(log.succeeded(), 22);
+        assert_eq!(log.failed(), Some(1), "a new run warns at once");
     }
 
     fn va(name: &str, rv: &str) -> Va {

@@ -40,6 +40,11 @@ const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
 /// clock and ours may differ by the API server's write delay).
 const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 
+/// While attempts to acquire the Lease fail, a warning at most this often (the failures in
+/// between at debug level): an API server away for long is a few lines a minute per driver,
+/// not one per attempt.
+const ACQUIRE_LOG_EVERY: Duration = Duration::from_secs(30);
+
 /// Longest wait for the Lease release on shutdown (bounded further by the renew deadline).
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -296,6 +301,7 @@ impl LeaderElector {
     /// (the Lease is held by someone else) keeps client-go's pace.
     async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
         let mut error_pause = ERROR_RETRY_MIN;
+        let mut failures = crate::telemetry::Throttle::new(ACQUIRE_LOG_EVERY);
         loop {
             let deadline = Instant::now() + self.config.renew_deadline;
             let allowed = self.gate.as_ref().is_none_or(AcquireGate::allows);
@@ -319,9 +325,19 @@ impl LeaderElector {
                     debug!("successfully acquired lease");
                     return true;
                 }
-                Ok(false) => error_pause = ERROR_RETRY_MIN,
+                Ok(false) => {
+                    error_pause = ERROR_RETRY_MIN;
+                    let failed = failures.succeeded();
+                    if failed > 0 {
+                        info!(failures = failed, "the API server answers again");
+                    }
+                }
                 Err(e) => {
-                    warn!(error = %error_with_root_cause(&e), "failed to acquire lease");
+                    let error = error_with_root_cause(&e);
+                    match failures.failed() {
+                        Some(n) => warn!(error, failures = n, "failed to acquire lease"),
+                        None => debug!(error, "failed to acquire lease"),
+                    }
                     pause = pause.min(error_pause);
                     error_pause = (error_pause * 2)
                         .min(ERROR_RETRY_MAX)
