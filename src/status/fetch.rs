@@ -71,7 +71,7 @@ pub(crate) fn authority(address: &str) -> Result<String, Error> {
         .rsplit_once(':')
         .ok_or_else(|| bad("no port: expected http://host:port, host:port or :port"))?;
     if port.parse::<u16>().map_or(true, |p| p == 0) {
-        return Err(bad("the port is not a number from 1 to 65535"));
+        return Err(bad("the port must be a number from 1 to 65535"));
     }
     let host = if host.is_empty() { "127.0.0.1" } else { host };
     Ok(format!("{host}:{port}"))
