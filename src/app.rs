@@ -1,7 +1,7 @@
 //! From a parsed command line to a running hub: the process edge, where
 //! errors become exit codes and signals become a shutdown token.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +48,10 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
     // The flags' per-driver settings: the single driver in sidecar mode, the
     // defaults of every entry of `--config`.
     let defaults = config::Defaults::from_args(&args).map_err(Error::Identity)?;
+    if args.leader_election.enabled {
+        // Once here, rather than on every line of every elector.
+        tracing::info!(identity = %defaults.identity(), "leader election identity");
+    }
     // Exhaustive: a new flag must be placed somewhere here.
     let Args {
         resync,
@@ -163,18 +167,37 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
     })
 }
 
-/// Cancels the returned token on the first SIGTERM or SIGINT; exits the
-/// process with code 1 on the second.
-pub fn shutdown_on_signal() -> CancellationToken {
+/// What a stop may take beyond the drain timeout: each driver's Lease release
+/// ([`leader::elector::RELEASE_TIMEOUT`], the drivers release in parallel), then the replica's
+/// presence Lease ([`leader::balance::REMOVE_TIMEOUT`]), plus a second for the rest.
+pub const SHUTDOWN_SLACK: Duration = Duration::from_secs(
+    leader::elector::RELEASE_TIMEOUT.as_secs() + leader::balance::REMOVE_TIMEOUT.as_secs() + 1,
+);
+
+/// How long the runtime may wait for blocking tasks (a DNS lookup of the API server, a file
+/// read) once `run` has returned.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Cancels the returned token on the first SIGTERM or SIGINT; exits the process with code 1 on
+/// the second, or when the stop has taken longer than `bound` (the drain timeout plus
+/// [`SHUTDOWN_SLACK`]): whatever the API server or a driver does, a stop ends in time, before the
+/// kubelet's SIGKILL.
+pub fn shutdown_on_signal(bound: Duration) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     // Detached on purpose: it lives as long as the process and ends it on a second signal.
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("received a termination signal; stopping (a second signal exits at once)");
+        tracing::info!(bound = ?bound, "received a termination signal; stopping (a second signal exits at once)");
         t.cancel();
-        wait_for_signal().await;
-        tracing::warn!("second termination signal; exiting now");
+        tokio::select! {
+            () = wait_for_signal() => {
+                tracing::warn!("second termination signal; exiting now");
+            }
+            () = tokio::time::sleep(bound) => {
+                tracing::error!(bound = ?bound, "the stop did not finish in time (drain timeout plus Lease releases); exiting now");
+            }
+        }
         std::process::exit(1);
     });
     token
@@ -221,7 +244,9 @@ pub fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(args)) {
+    let result = runtime.block_on(run(args));
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             let code = error.exit_code();
@@ -239,8 +264,9 @@ pub fn main() -> std::process::ExitCode {
 /// Runs the process: builds the configuration and runs the hub until a
 /// signal arrives.
 pub async fn run(args: Args) -> Result<(), Error> {
+    let bound = args.graceful_shutdown_timeout + SHUTDOWN_SLACK;
     let config = hub_config(args)?;
-    let shutdown = shutdown_on_signal();
+    let shutdown = shutdown_on_signal(bound);
     hub::run(config, prometheus::Registry::new(), shutdown).await?;
     Ok(())
 }

@@ -12,6 +12,8 @@
 //! * finalizers: DELETE of an object with finalizers only sets its `deletionTimestamp`; an
 //!   object being deleted whose last finalizer is removed is gone, and the write answers with
 //!   the object as it was last (deletion timestamp, no finalizers);
+//! * LIST of a collection (cluster-wide or in one namespace), with a field selector on
+//!   `metadata.name`;
 //! * a log of every request (method, path, body, answer code), and fault injection: every
 //!   request failing with 500, or the next few with 503.
 
@@ -197,6 +199,7 @@ impl FakeApi {
     async fn handle(&self, req: Request<Body>) -> Response<Body> {
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
+        let query = req.uri().query().unwrap_or_default().to_owned();
         let content_type = req
             .headers()
             .get(http::header::CONTENT_TYPE)
@@ -206,7 +209,7 @@ impl FakeApi {
         let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
         let body: Option<Value> = serde_json::from_slice(&bytes).ok();
         let mut st = self.state();
-        let (code, answer) = st.answer(&method, &path, &content_type, body.clone());
+        let (code, answer) = st.answer(&method, &path, &query, &content_type, body.clone());
         st.log.push(Logged {
             method,
             path,
@@ -273,6 +276,7 @@ impl State {
         &mut self,
         method: &Method,
         path: &str,
+        query: &str,
         content_type: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
@@ -294,6 +298,9 @@ impl State {
         let Some((kind, namespace, mut name, subresource)) = parse_path(path) else {
             return status(StatusCode::NOT_FOUND, "NotFound", "no such path");
         };
+        if *method == Method::GET && name.is_empty() {
+            return (StatusCode::OK, self.list(kind, &namespace, query));
+        }
         if *method == Method::POST {
             let Some(obj) = &body else {
                 return status(StatusCode::BAD_REQUEST, "BadRequest", "no body");
@@ -397,6 +404,31 @@ impl State {
             }
             _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "no"),
         }
+    }
+
+    /// The objects of `kind` (in `namespace`, or all when empty) as a list, filtered by the
+    /// query's field selector on `metadata.name` if it has one.
+    fn list(&self, kind: Kind, namespace: &str, query: &str) -> Value {
+        let name = query.split('&').find_map(|kv| {
+            let selector = kv.strip_prefix("fieldSelector=")?;
+            let selector = selector.replace("%3D", "=").replace("%3d", "=");
+            selector.strip_prefix("metadata.name=").map(str::to_owned)
+        });
+        let items: Vec<Value> = self
+            .objects
+            .iter()
+            .filter(|((k, ns, n), _)| {
+                *k == kind
+                    && (namespace.is_empty() || ns == namespace)
+                    && name.as_ref().is_none_or(|want| want == n)
+            })
+            .map(|(_, v)| v.clone())
+            .collect();
+        json!({
+            "kind": "List", "apiVersion": "v1",
+            "metadata": { "resourceVersion": self.rv.to_string() },
+            "items": items,
+        })
     }
 
     /// Stores `obj` with a new `resourceVersion`, unless it is being deleted and has no

@@ -26,6 +26,11 @@ pub trait Status: Send + Sync + 'static {
     fn ready(&self) -> Result<(), String>;
     /// The `/drivers` document.
     fn drivers(&self) -> serde_json::Value;
+    /// The `/config` document: where the driver list comes from, when it was loaded, how the
+    /// last reload went.
+    fn config(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
 }
 
 /// Routing of the listener.
@@ -151,8 +156,13 @@ fn handle<B>(routes: &Routes, req: &Request<B>) -> Response<Full<Bytes>> {
             Ok(()) => text(StatusCode::OK, "ok"),
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         },
-        "/drivers" => {
-            let body = serde_json::to_vec_pretty(&routes.status.drivers()).unwrap_or_default();
+        "/drivers" | "/config" => {
+            let doc = if path == "/drivers" {
+                routes.status.drivers()
+            } else {
+                routes.status.config()
+            };
+            let body = serde_json::to_vec_pretty(&doc).unwrap_or_default();
             let mut r = Response::new(Full::new(Bytes::from(body)));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -6,6 +6,9 @@
 //! A new alert without both fails here, naming it.
 //!
 //! Missing `promtool` is a failure, never a skip.
+//!
+//! Every alert also has a `runbook_url` whose anchor is a heading of `docs/runbooks.md`, and
+//! that section says what the alert means, what to look at and what to do, with commands.
 
 mod support;
 
@@ -19,6 +22,83 @@ use support::{repo, tool};
 
 /// The shipped alert rules.
 const RULES: &str = "deploy/overlays/observability/prometheusrule.yaml";
+
+/// The runbooks the alerts point at.
+const RUNBOOKS: &str = "docs/runbooks.md";
+
+/// The anchor GitHub (and most Markdown renderers) give a heading: lower case, punctuation
+/// other than `-` and `_` dropped, spaces as `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+#[test]
+fn every_runbook_url_resolves_to_a_runbook_section_with_its_four_parts() {
+    let rules = yaml_file(&repo().join(RULES));
+    let text = std::fs::read_to_string(repo().join(RUNBOOKS)).expect("read docs/runbooks.md");
+    // Sections by anchor: the text up to the next heading of the same level or above.
+    let mut sections: BTreeMap<String, String> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            current = Some(anchor(h));
+            sections.insert(anchor(h), String::new());
+        } else if line.starts_with("# ") {
+            current = None;
+        } else if let Some(a) = &current {
+            let body = sections.get_mut(a).expect("section");
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    let mut problems = Vec::new();
+    for rule in rules["spec"]["groups"]
+        .as_array()
+        .expect("spec.groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules"))
+    {
+        let Some(alert) = rule["alert"].as_str() else {
+            continue;
+        };
+        let Some(url) = rule["annotations"]["runbook_url"].as_str() else {
+            problems.push(format!("{alert}: no runbook_url"));
+            continue;
+        };
+        let Some((page, fragment)) = url.split_once('#') else {
+            problems.push(format!("{alert}: {url} names no section"));
+            continue;
+        };
+        if !page.ends_with(RUNBOOKS) {
+            problems.push(format!("{alert}: {url} is not {RUNBOOKS}"));
+            continue;
+        }
+        match sections.get(fragment) {
+            None => problems.push(format!(
+                "{alert}: no heading of {RUNBOOKS} has anchor #{fragment}"
+            )),
+            Some(body) => {
+                for part in [
+                    "**What it means.**",
+                    "**What to look at.**",
+                    "**What to do.**",
+                    "```sh",
+                ] {
+                    if !body.contains(part) {
+                        problems.push(format!("{alert}: its section has no {part}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
 
 /// The directory of the promtool unit-test files (`*.test.yaml`), which name
 /// their rule file `rules.yaml`.

@@ -1,5 +1,9 @@
 //! The `attacher-hub` binary's command line: exit codes and output, as external-attacher's.
 
+#[path = "support/mock_binary.rs"]
+mod mock_binary;
+
+use std::io::BufRead;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -78,6 +82,20 @@ fn exit_codes_and_output_match_external_attacher() {
         case(&["-h"], 0, "", USAGE),
         case(&["--version"], 0, "", ""),
         case(&["-version"], 0, "", ""),
+        // A stray word no longer starts an attacher with defaults (Go ignores it).
+        case(&["help"], 0, "", USAGE),
+        case(
+            &["stauts"],
+            2,
+            "",
+            "unknown command \"stauts\": did you mean \"status\"?",
+        ),
+        case(
+            &["--leader-election", "false"],
+            2,
+            "",
+            "a boolean flag takes its value after '=' (-leader-election=false)",
+        ),
         case(
             &["--no-such-flag"],
             2,
@@ -282,6 +300,142 @@ fn logging_format_json_gives_json_lines() {
     assert!(!lines.is_empty(), "the klog warning is logged");
     for line in lines {
         let value: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
-        assert!(value.get("level").is_some(), "{line}");
+        // Kubernetes' structured JSON (component-base logs/json): ts, caller, msg, and v except
+        // on error lines, which have err instead (the run may end on a missing kubeconfig).
+        for key in ["ts", "caller", "msg"] {
+            assert!(value.get(key).is_some(), "no {key}: {line}");
+        }
+        assert!(
+            value.get("v").is_some() || value.get("err").is_some(),
+            "neither v nor err: {line}"
+        );
+        assert!(value.get("fields").is_none(), "{line}");
     }
+}
+
+/// A kubeconfig whose server refuses every connection (port 1 on loopback).
+const DEAD_KUBECONFIG: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: https://127.0.0.1:1
+contexts:
+- name: c
+  context:
+    cluster: c
+    user: u
+current-context: c
+users:
+- name: u
+  user:
+    token: t
+";
+
+/// How long the hub runs against an API server that is not there.
+const UNREACHABLE_RUN: Duration = Duration::from_secs(45);
+
+#[test]
+fn an_unreachable_api_server_is_named_with_its_cause_a_few_times_a_minute() {
+    // The watches and a driver's elector all fail; the log stays a few lines a minute.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, DEAD_KUBECONFIG).expect("write the kubeconfig");
+    let socket = dir.path().join("csi.sock");
+    // A ready driver, so that its elector tries the API server too.
+    let mut driver = Command::new(mock_binary::mock_csi_driver_bin())
+        .arg(format!("--endpoint={}", socket.display()))
+        .arg("--name=unreachable.csi.example.com")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the mock driver starts");
+    let mut ready = String::new();
+    std::io::BufReader::new(driver.stdout.take().expect("its stdout"))
+        .read_line(&mut ready)
+        .expect("the mock driver says ready");
+    assert_eq!(ready.trim(), "ready");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg("--leader-election")
+        .arg("--leader-election-namespace=default")
+        // Debug lines show every failed attempt, so that their pace can be read too.
+        .arg("--v=2")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the attacher-hub binary starts");
+    std::thread::sleep(UNREACHABLE_RUN);
+    let _ = child.kill();
+    let _ = driver.kill();
+    let _ = driver.wait();
+    let out = child.wait_with_output().expect("collecting its output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("driver ready"),
+        "the driver became ready: {stderr}"
+    );
+
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with('W') || l.starts_with('E'))
+        .collect();
+    let watch_warnings: Vec<&&str> = warnings
+        .iter()
+        .filter(|l| l.contains("\"watch failed"))
+        .collect();
+    // Each warning names the server and the cause.
+    assert!(!watch_warnings.is_empty(), "{stderr}");
+    for line in &watch_warnings {
+        assert!(
+            line.contains("server=\"https://127.0.0.1:1/\"")
+                && line.contains("Connection refused")
+                && line.contains("kind="),
+            "{line}"
+        );
+    }
+    // The first failure of each of the three watches, then at most one warning per watch
+    // every 30 s: at most six watch warnings in 45 s (eight a minute at worst), where a
+    // retry every 0.4 s logged 160 lines in 20 s.
+    assert!(
+        (3..=6).contains(&watch_warnings.len()),
+        "{} watch warnings in {UNREACHABLE_RUN:?}:\n{}",
+        watch_warnings.len(),
+        watch_warnings
+            .iter()
+            .map(|l| **l)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The driver's elector: the first failure, then one warning per 30 s (it tries every
+    // 0.5-2 s).
+    let lease_warnings = warnings
+        .iter()
+        .filter(|l| l.contains("\"failed to acquire lease\""))
+        .count();
+    assert!(
+        (1..=2).contains(&lease_warnings),
+        "{lease_warnings} lease warnings in {UNREACHABLE_RUN:?}:\n{}",
+        warnings.join("\n")
+    );
+    assert!(
+        warnings.len() <= 12,
+        "{} warnings in {UNREACHABLE_RUN:?}:\n{}",
+        warnings.len(),
+        warnings.join("\n")
+    );
+    // The attempts back off: 0.8 s doubling to 2 s, each pause up to twice that, is at most
+    // 24 attempts per watch in 45 s (a retry every 0.4 s made over 100).
+    let attempts = stderr
+        .lines()
+        .filter(|l| l.contains("\"watch failed") && l.contains("kind=\"VolumeAttachment\""))
+        .count();
+    assert!(
+        (3..=24).contains(&attempts),
+        "{attempts} attempts of the VolumeAttachment watch in {UNREACHABLE_RUN:?}"
+    );
 }

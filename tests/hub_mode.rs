@@ -32,6 +32,25 @@ use support::{
     is_attached, unique_driver_name, unique_name, wait_deleted, wait_for,
 };
 
+/// The value of the series `metric` without labels, or with exactly `labels` (`a="b"`).
+fn plain_metric(text: &str, metric: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        metric.to_owned()
+    } else {
+        format!("{metric}{{{labels}}}")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(key.as_str())?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The hub's `/config` document.
+async fn config_doc(hub: &Hub) -> Value {
+    let (code, body) = hub.get("/config").await;
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).expect("/config is JSON")
+}
+
 /// Latency measurements take it exclusively; every other test shares it.
 static GATE: RwLock<()> = RwLock::const_new(());
 
@@ -979,6 +998,29 @@ async fn editing_the_driver_file_adds_and_removes_drivers_without_disturbing_the
         ms(worst)
     );
     let a_after = ds.iter().find(|d| d["name"] == a.name.as_str()).unwrap();
+    // The reload is reported: series and `/config`.
+    let (_, metrics) = hub.get("/metrics").await;
+    assert_eq!(
+        plain_metric(&metrics, "attacher_hub_config_last_reload_successful", ""),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        plain_metric(
+            &metrics,
+            "attacher_hub_config_reloads_total",
+            "result=\"success\""
+        ),
+        Some(1.0)
+    );
+    let applied = config_doc(&hub).await;
+    assert_eq!(applied["lastReload"]["successful"], true, "{applied}");
+    assert!(
+        applied["path"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("drivers.yaml")),
+        "{applied}"
+    );
     assert_eq!(a_after["socket"], a_before["socket"]);
     assert_eq!(a_after["lease"], a_before["lease"]);
     assert_eq!(
@@ -1018,11 +1060,54 @@ async fn editing_the_driver_file_adds_and_removes_drivers_without_disturbing_the
         line.contains("drivers.yaml:6:") && line.contains("timeout"),
         "the error names the file, line 6 and the field: {line}"
     );
-    assert!(line.contains("ERROR"), "logged as an error: {line}");
+    assert!(
+        line.starts_with('E'),
+        "logged as an error (klog's E): {line}"
+    );
     // SIGHUP re-reads it (the content did not change, so only the signal can).
     hub.signal("HUP");
     hub.wait_log(invalid, 2, Duration::from_secs(15)).await;
     println!("reconfig: SIGHUP re-read the (still broken) file and logged the error again");
+    // The rejection shows in the series (what AttacherHubConfigReloadFailed reads), in
+    // `/config`, and in `attacher-hub status`; the list in force is still the applied one.
+    let (_, metrics) = hub.get("/metrics").await;
+    assert_eq!(
+        plain_metric(&metrics, "attacher_hub_config_last_reload_successful", ""),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        plain_metric(
+            &metrics,
+            "attacher_hub_config_reloads_total",
+            "result=\"failure\""
+        ),
+        Some(2.0)
+    );
+    let rejected = config_doc(&hub).await;
+    assert_eq!(rejected["lastReload"]["successful"], false, "{rejected}");
+    assert!(
+        rejected["lastReload"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("drivers.yaml:6:")),
+        "{rejected}"
+    );
+    assert_eq!(rejected["loadedTime"], applied["loadedTime"], "{rejected}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
+        .args(["status", "--address", &format!("127.0.0.1:{}", hub.port)])
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run attacher-hub status");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(
+        table.contains("REJECTED") && table.contains("drivers.yaml:6:"),
+        "status shows the rejected reload: {table}"
+    );
+    println!(
+        "reconfig: status says: {}",
+        table.lines().last().unwrap_or("")
+    );
     // Still running A and C.
     let ds = hub.drivers().await;
     assert_eq!(leading(&ds), ac, "{ds:?}");

@@ -6,7 +6,8 @@
 //!   in-process mock driver) while VolumeAttachments of both drivers fail
 //!   once, attach and detach; then every expression of the dashboard (with
 //!   the `driver` variable set to each driver and `$__rate_interval` to 1m)
-//!   and every alert signal returns series for each driver, and Prometheus
+//!   and every alert signal returns series for each driver (per-replica
+//!   signals at least one, `absent()` none), and Prometheus
 //!   evaluates every rule without error.
 //!
 //! Missing `prometheus` or `promtool` is a failure, never a skip.
@@ -277,6 +278,9 @@ async fn dashboard_and_alert_queries_return_series_for_every_driver() {
         "AttacherHubBacklogGrowing",
         "AttacherHubAttachErrorRate",
         "AttacherHubAttachLatencyHigh",
+        "AttacherHubDetachErrorRate",
+        "AttacherHubConfigReloadFailed",
+        "AttacherHubAbsent",
     ];
     for w in wanted {
         assert!(alerts.iter().any(|(a, _)| a == w), "alert {w} is missing");
@@ -396,12 +400,24 @@ async fn dashboard_and_alert_queries_return_series_for_every_driver() {
         "the driver variable offers {values:?}"
     );
 
-    // Every alert signal, for each driver.
+    // Every alert signal: for each driver when it is per driver, at least one series when it is
+    // per replica, none for absent() (the hubs are there).
     for (alert, expr) in &alerts {
         let q = alert_signal(expr);
-        let names = driver_names(&query(prom_port, &q).await);
-        if !drivers.is_subset(&names) {
-            failures.push(format!("{alert}: {q}\n  -> drivers {names:?}"));
+        let result = query(prom_port, &q).await;
+        if expr.starts_with("absent(") {
+            if !result.is_empty() {
+                failures.push(format!("{alert}: {q}\n  -> {result:?} while the hubs run"));
+            }
+        } else if !expr.contains("driver_name") {
+            if result.is_empty() {
+                failures.push(format!("{alert}: {q}\n  -> no series"));
+            }
+        } else {
+            let names = driver_names(&result);
+            if !drivers.is_subset(&names) {
+                failures.push(format!("{alert}: {q}\n  -> drivers {names:?}"));
+            }
         }
     }
 

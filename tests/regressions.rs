@@ -645,6 +645,7 @@ fn settings(path: &str) -> Settings {
         timeout: Duration::from_secs(15),
         attach_workers: 1,
         detach_workers: 1,
+        csi_calls: 1,
         retry_interval_start: Duration::from_secs(1),
         retry_interval_max: Duration::from_secs(300),
         reconcile_sync: Duration::from_secs(60),

@@ -36,12 +36,20 @@ use support::{Cluster, WAIT_TIMEOUT, is_attached, unique_driver_name, unique_nam
 const VAS: usize = 3;
 
 fn status(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
-        .arg("status")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run attacher-hub status")
+    status_with(args, &[])
+}
+
+/// `attacher-hub status` with environment variables set (`Some`) or removed (`None`).
+fn status_with(args: &[&str], env: &[(&str, Option<&str>)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_attacher-hub"));
+    cmd.arg("status").args(args).stdin(Stdio::null());
+    for (key, value) in env {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    cmd.output().expect("run attacher-hub status")
 }
 
 fn text(out: &Output) -> (String, String) {
@@ -159,13 +167,61 @@ async fn status_shows_each_driver_of_a_running_hub_with_its_attachments() {
         "{stdout}"
     );
 
-    // Without a kubeconfig nothing is counted; the rest is the same.
-    let out = status(&["--address", &address]);
+    // Without --kubeconfig, $KUBECONFIG counts them, as kubectl would use it.
+    let out = status_with(
+        &["--address", &address],
+        &[("KUBECONFIG", Some(&kubeconfig))],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let rows = table_rows(&stdout);
+    assert!(
+        rows.values().all(|r| r[4] == format!("{VAS}/{VAS}")),
+        "{stdout}"
+    );
+
+    // With no configuration at all (no $KUBECONFIG, no ~/.kube/config) nothing is counted;
+    // the rest is the same.
+    let home = tempfile::tempdir().expect("an empty home");
+    let home = home.path().display().to_string();
+    let out = status_with(
+        &["--address", &address],
+        &[
+            ("KUBECONFIG", None),
+            ("HOME", Some(&home)),
+            ("KUBERNETES_SERVICE_HOST", None),
+        ],
+    );
     let (stdout, _) = text(&out);
     assert!(out.status.success());
     let rows = table_rows(&stdout);
     assert!(rows.values().all(|r| r[4] == "-"), "{stdout}");
     assert!(!stdout.contains("attached:"), "{stdout}");
+
+    // A configuration found by default that does not answer leaves the counts out and says
+    // why; the hub's own table still shows (as above), and the command succeeds.
+    let dead = tempfile::tempdir().expect("a directory");
+    let dead_kubeconfig = dead.path().join("kubeconfig");
+    std::fs::write(
+        &dead_kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n\
+         users:\n- name: u\n  user:\n    token: t\n",
+    )
+    .expect("write a kubeconfig");
+    let out = status_with(
+        &["--address", &address, "--request-timeout", "3s"],
+        &[("KUBECONFIG", Some(&dead_kubeconfig.display().to_string()))],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let rows = table_rows(&stdout);
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(rows.values().all(|r| r[4] == "-"), "{stdout}");
+    assert!(
+        stdout.contains("VolumeAttachments not counted") && stdout.contains("give --kubeconfig"),
+        "{stdout}"
+    );
 
     // JSON: the /drivers entries, each with its counts.
     let out = status(&[

@@ -111,10 +111,10 @@ fn leader_election_text(e: &TimingError) -> String {
                 TimingField::RenewDeadline => FLAGS[1],
                 TimingField::RetryPeriod => FLAGS[2],
             };
-            format!("{flag} must be greater than zero")
+            format!("{flag} must be greater than zero, not 0s")
         }
         TimingError::LeaseTooShort(d) => format!(
-            "{} ({}) must be at least 1s: a Lease holds whole seconds",
+            "{} must be at least 1s, not {}: a Lease holds whole seconds",
             FLAGS[0],
             GoDuration(*d)
         ),

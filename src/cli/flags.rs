@@ -60,7 +60,7 @@ pub(super) static FLAGS: &[Flag] = &[
         name: "worker-threads",
         kind: Kind::Value("uint"),
         default: "10",
-        help: "Number of attach workers; as many detach workers run beside them. 1 to 10000.",
+        help: "Number of attach workers; as many detach workers run beside them, and at most this many ControllerPublish/ControllerUnpublish calls are in flight per driver, attaches and detaches together, as with the Go sidecar (workerThreads: {attach: A, detach: D} in drivers.yaml allows A + D). 1 to 10000.",
         set: |s, v| {
             let n = parse_go_uint(v, 64)?;
             s.args.worker_threads = usize::try_from(n).map_err(|_| RANGE_ERROR.to_owned())?;

@@ -6,7 +6,10 @@
 //! * `-name` and `--name` are the same flag; values go as `-name=value` or `-name value`;
 //! * a boolean takes its value only after `=` (`true`, `false`, `1`, `0`, `t`, `f`, `T`, `F`,
 //!   `TRUE`, `FALSE`, `True`, `False`); `-x false` makes `false` a positional argument, and the
-//!   first positional argument (or `--`) **ends flag parsing**: everything after it is ignored;
+//!   first positional argument (or `--`) **ends flag parsing**. Go then ignores everything
+//!   after it, so a stray word (`attacher-hub stauts`, `-leader-election false`) silently
+//!   started an attacher with defaults; here a positional argument is a usage error (exit 2)
+//!   that names the nearest subcommand or the `=` a boolean needs, and `help` prints the usage;
 //! * integers accept Go's base prefixes and `_` separators (`0x10`, `1_000`), durations use Go
 //!   syntax (`300ms`, `1m30s`, `-5s`, bare `0`);
 //! * an unknown flag or a bad value prints the error and the usage on stderr and exits **2**;
@@ -51,16 +54,23 @@ pub fn parse_from<I: IntoIterator<Item = String>>(argv: I) -> Result<Parsed, Err
 
     let mut state = State::default();
     let mut i = 0;
+    // The boolean flag just before, given without `=`: a `false` after it is a mistake.
+    let mut bare_bool: Option<&str> = None;
     while let Some(arg) = rest.get(i) {
         // A lone `-` or anything not starting with `-` is a positional argument: stop.
         if arg.len() < 2 || !arg.starts_with('-') {
-            break;
+            return positional(&argv0, arg, bare_bool);
         }
         let body = match arg.strip_prefix("--") {
-            Some("") => break, // `--` ends the flags
+            // `--` ends the flags; nothing may follow it.
+            Some("") => match rest.get(i + 1) {
+                Some(next) => return positional(&argv0, next, None),
+                None => break,
+            },
             Some(body) => body,
             None => &arg[1..],
         };
+        bare_bool = None;
         if body.is_empty() || body.starts_with('-') || body.starts_with('=') {
             return Err(usage_error(&argv0, format!("bad flag syntax: {arg}")));
         }
@@ -84,6 +94,9 @@ pub fn parse_from<I: IntoIterator<Item = String>>(argv: I) -> Result<Parsed, Err
         };
         match flag.kind {
             Kind::Bool => {
+                if inline.is_none() {
+                    bare_bool = Some(flag.name);
+                }
                 let value = inline.unwrap_or("true");
                 if let Err(err) = (flag.set)(&mut state, value) {
                     let message = match inline {
@@ -121,6 +134,80 @@ pub fn parse_from<I: IntoIterator<Item = String>>(argv: I) -> Result<Parsed, Err
     state.finish(&argv0)
 }
 
+/// The subcommands, as a first argument (`help` is also `--help`).
+const SUBCOMMANDS: [&str; 2] = ["status", "help"];
+
+/// The outcome of a positional argument `word`: `help` prints the usage; anything else is a
+/// usage error saying what was probably meant.
+fn positional(argv0: &str, word: &str, bare_bool: Option<&str>) -> Result<Parsed, Error> {
+    if word == "help" {
+        return Ok(Parsed::Exit {
+            code: 0,
+            stdout: String::new(),
+            stderr: usage(argv0),
+        });
+    }
+    let message = if let Some(flag) = bare_bool
+        && super::values::parse_go_bool(word).is_ok()
+    {
+        format!(
+            "unexpected argument {word:?} after -{flag}: a boolean flag takes its value after \
+             '=' (-{flag}={word})"
+        )
+    } else if word == "status" {
+        "the status subcommand must come first: attacher-hub status [flags]".to_owned()
+    } else if let Some(near) = nearest_subcommand(word) {
+        format!("unknown command {word:?}: did you mean {near:?}? (attacher-hub {near} ...)")
+    } else {
+        format!(
+            "unexpected argument {word:?}: attacher-hub takes flags only, or the status \
+             subcommand first (attacher-hub status ...)"
+        )
+    };
+    Err(Error::Usage {
+        message,
+        usage: format!("Run '{argv0} --help' for usage.\n"),
+    })
+}
+
+/// The subcommand `word` is probably a typo of: at most two edits away (a swap of two
+/// neighbours counts as one), or its beginning.
+fn nearest_subcommand(word: &str) -> Option<&'static str> {
+    let word = word.to_ascii_lowercase();
+    SUBCOMMANDS
+        .iter()
+        .map(|c| (edit_distance(&word, c), *c))
+        .filter(|(d, c)| *d <= 2 || (word.len() >= 2 && c.starts_with(word.as_str())))
+        .min()
+        .map(|(_, c)| c)
+}
+
+/// Optimal string alignment distance: insertions, deletions, substitutions and swaps of
+/// neighbours, each one edit.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
 /// Parses the process's arguments; prints and exits on `--help`, `--version` and errors.
 /// Returns the arguments and the warnings to log once logging is set up.
 pub fn parse_env_or_exit() -> (Args, Vec<String>) {
@@ -150,36 +237,200 @@ fn emit(stdout: &str, stderr: &str) {
     let _ = std::io::stderr().write_all(stderr.as_bytes());
 }
 
-/// The usage text, in the layout of Go's `flag.PrintDefaults`: flags sorted by name, each with
-/// its value type, help and non-zero default.
+/// What the usage says before the flags: the three modes and the `status` subcommand.
+const USAGE_HEAD: &str = "
+  attacher-hub [flags]            the attacher, in one of three modes:
+    sidecar     --csi-address=/csi/csi.sock    one driver, next to it (the external-attacher
+                                               image's flags, parsed as Go parses them)
+    hub         --config=drivers.yaml          the drivers the file lists; re-read on SIGHUP
+                                               and when the file changes
+    discovery   --driver-sockets='/var/lib/kubelet/plugins/*/csi.sock'
+                --kubelet-registration-dir=/var/lib/kubelet/plugins_registry
+                                               the drivers whose sockets appear on this node
+  attacher-hub status [flags]     the drivers of a running hub: state, Lease holder, queues,
+                                  attachments, last error (attacher-hub status --help)
+
+Flags: -name and --name are the same; a value goes as -name=value or -name value, a boolean's
+only as -name=false.
+";
+
+/// The groups of the usage, in order: a title and the flags in it (every flag is in one group;
+/// a unit test checks it).
+const GROUPS: &[(&str, &[&str])] = &[
+    (
+        "Drivers and modes",
+        &[
+            "csi-address",
+            "config",
+            "driver-sockets",
+            "kubelet-registration-dir",
+            "exit-on-connection-loss",
+        ],
+    ),
+    (
+        "Attaching and detaching (defaults of every driver)",
+        &[
+            "timeout",
+            "worker-threads",
+            "retry-interval-start",
+            "retry-interval-max",
+            "resync",
+            "reconcile-sync",
+            "max-entries",
+            "default-fstype",
+            "feature-gates",
+            "graceful-shutdown-timeout",
+        ],
+    ),
+    (
+        "Kubernetes API",
+        &[
+            "kubeconfig",
+            "kube-api-qps",
+            "kube-api-burst",
+            "hub-kube-api-qps",
+            "hub-kube-api-burst",
+        ],
+    ),
+    (
+        "Leader election",
+        &[
+            "leader-election",
+            "leader-election-namespace",
+            "leader-election-lease-duration",
+            "leader-election-renew-deadline",
+            "leader-election-retry-period",
+            "leader-election-labels",
+        ],
+    ),
+    (
+        "HTTP: metrics, health, /drivers",
+        &["http-endpoint", "metrics-address", "metrics-path"],
+    ),
+    (
+        "Logging",
+        &[
+            "v",
+            "vmodule",
+            "logging-format",
+            "log-flush-frequency",
+            "log-text-split-stream",
+            "log-text-info-buffer-size",
+            "log-json-split-stream",
+            "log-json-info-buffer-size",
+            "max-grpc-log-length",
+        ],
+    ),
+    ("Other", &["version"]),
+    (
+        "Accepted and ignored (flags of older external-attacher versions, so that old \
+         manifests keep working; each logs a warning)",
+        &[
+            "automaxprocs",
+            "logtostderr",
+            "alsologtostderr",
+            "log_dir",
+            "log_file",
+            "log_file_max_size",
+            "stderrthreshold",
+            "skip_headers",
+            "skip_log_headers",
+            "add_dir_header",
+            "log_backtrace_at",
+            "one_output",
+        ],
+    ),
+];
+
+/// The usage text: the modes and the `status` subcommand, then the flags by group, each in the
+/// layout of Go's `flag.PrintDefaults` (value type, help, non-zero default).
 pub fn usage(argv0: &str) -> String {
-    let mut flags: Vec<&Flag> = FLAGS.iter().collect();
-    flags.sort_by_key(|f| f.name);
-    let mut out = format!("Usage of {argv0}:\n");
-    for flag in flags {
-        let mut line = format!("  -{}", flag.name);
-        if let Kind::Value(type_name) = flag.kind {
-            line.push(' ');
-            line.push_str(type_name);
-        }
-        // Go puts a short flag's help on the same line.
-        line.push_str(if line.len() <= 4 { "\t" } else { "\n    \t" });
-        line.push_str(&flag.help.replace('\n', "\n    \t"));
-        if !matches!(flag.default, "" | "0" | "false" | "0s") {
-            match flag.kind {
-                Kind::Value("string") => line.push_str(&format!(" (default {:?})", flag.default)),
-                _ => line.push_str(&format!(" (default {})", flag.default)),
+    let mut out = format!("Usage of {argv0}:\n{USAGE_HEAD}");
+    for (title, names) in GROUPS {
+        out.push_str(&format!("\n{title}:\n"));
+        for name in *names {
+            if let Some(flag) = FLAGS.iter().find(|f| f.name == *name) {
+                out.push_str(&flag_usage(flag));
             }
         }
-        out.push_str(&line);
-        out.push('\n');
     }
     out
+}
+
+/// One flag's lines of the usage.
+fn flag_usage(flag: &Flag) -> String {
+    let mut line = format!("  -{}", flag.name);
+    if let Kind::Value(type_name) = flag.kind {
+        line.push(' ');
+        line.push_str(type_name);
+    }
+    // Go puts a short flag's help on the same line.
+    line.push_str(if line.len() <= 4 { "\t" } else { "\n    \t" });
+    line.push_str(&flag.help.replace('\n', "\n    \t"));
+    if !matches!(flag.default, "" | "0" | "false" | "0s") {
+        match flag.kind {
+            Kind::Value("string") => line.push_str(&format!(" (default {:?})", flag.default)),
+            _ => line.push_str(&format!(" (default {})", flag.default)),
+        }
+    }
+    line.push('\n');
+    line
 }
 
 fn usage_error(argv0: &str, message: String) -> Error {
     Error::Usage {
         message,
         usage: usage(argv0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_is_in_exactly_one_group_of_the_usage() {
+        for flag in FLAGS {
+            let groups = GROUPS
+                .iter()
+                .filter(|(_, names)| names.contains(&flag.name))
+                .count();
+            assert_eq!(groups, 1, "-{} is in {groups} groups", flag.name);
+        }
+        for (title, names) in GROUPS {
+            for name in *names {
+                assert!(
+                    FLAGS.iter().any(|f| f.name == *name),
+                    "{title}: no flag -{name}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_usage_starts_with_the_modes_and_the_status_subcommand() {
+        let text = usage("attacher-hub");
+        let modes = text.find("sidecar").expect("modes");
+        let status = text.find("attacher-hub status").expect("status");
+        let first_flag = text.find("\n  -").expect("flags");
+        assert!(modes < first_flag && status < first_flag, "{text}");
+        let ignored = text.find("Accepted and ignored").expect("ignored group");
+        assert!(text[ignored..].contains("-logtostderr"), "{text}");
+        assert!(!text[..ignored].contains("-logtostderr"), "{text}");
+    }
+
+    #[test]
+    fn typos_of_a_subcommand_are_recognised() {
+        for (word, near) in [
+            ("stauts", Some("status")),
+            ("statsu", Some("status")),
+            ("Status", Some("status")),
+            ("stat", Some("status")),
+            ("hepl", Some("help")),
+            ("attach", None),
+            ("x", None),
+        ] {
+            assert_eq!(nearest_subcommand(word), near, "{word}");
+        }
     }
 }

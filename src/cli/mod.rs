@@ -130,21 +130,51 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_boolean_followed_by_false_stops_flag_parsing() {
-        let a = args(&["--leader-election", "false", "--timeout=1s", "--bogus"]);
-        assert!(a.leader_election.enabled);
-        assert_eq!(a.timeout, secs(15));
+    fn a_boolean_followed_by_false_is_a_usage_error_that_shows_the_equals_sign() {
+        let e = err(&["--leader-election", "false", "--timeout=1s"]);
+        assert_eq!(e.exit_code(), 2);
+        assert_eq!(
+            e.to_string(),
+            "unexpected argument \"false\" after -leader-election: a boolean flag takes its \
+             value after '=' (-leader-election=false)"
+        );
     }
 
     #[test]
-    fn positional_arguments_and_double_dash_stop_parsing() {
-        assert_eq!(args(&["x", "--timeout=1s"]).timeout, secs(15));
-        assert_eq!(args(&["-", "--timeout=1s"]).timeout, secs(15));
-        assert_eq!(args(&["--", "--bogus"]).timeout, secs(15));
-        assert_eq!(
-            args(&["--timeout=3s", "--", "--timeout=1s"]).timeout,
-            secs(3)
-        );
+    fn a_positional_argument_is_a_usage_error_that_suggests_the_nearest_subcommand() {
+        for (list, message) in [
+            (
+                &["stauts", "--address=:8080"][..],
+                "unknown command \"stauts\": did you mean \"status\"? (attacher-hub status ...)",
+            ),
+            (
+                &["--timeout=1s", "x", "--timeout=2s"],
+                "unexpected argument \"x\": attacher-hub takes flags only, or the status \
+                 subcommand first (attacher-hub status ...)",
+            ),
+            (&["-", "--timeout=1s"], "unexpected argument \"-\""),
+            (&["--", "--bogus"], "unexpected argument \"--bogus\""),
+            (
+                &["--v=2", "status"],
+                "the status subcommand must come first: attacher-hub status [flags]",
+            ),
+        ] {
+            let e = err(list);
+            assert_eq!(e.exit_code(), 2, "{list:?}");
+            assert!(e.to_string().starts_with(message), "{list:?}: {e}");
+            // A short pointer to the usage, not the whole of it under the message.
+            assert_eq!(
+                e.stderr_text(),
+                format!("{e}\nRun 'attacher-hub --help' for usage.\n"),
+                "{list:?}"
+            );
+        }
+        // `--` alone ends the flags and is fine; `help` is `--help`.
+        assert_eq!(args(&["--timeout=3s", "--"]).timeout, secs(3));
+        assert!(matches!(
+            parse(&["help"]),
+            Ok(Parsed::Exit { code: 0, ref stderr, .. }) if stderr.starts_with("Usage of attacher-hub:")
+        ));
     }
 
     #[test]
@@ -374,7 +404,7 @@ pub(crate) mod tests {
         assert_eq!(e.exit_code(), 1);
         assert_eq!(
             e.to_string(),
-            "--leader-election-lease-duration (900ms) must be at least 1s: a Lease holds whole seconds"
+            "--leader-election-lease-duration must be at least 1s, not 900ms: a Lease holds whole seconds"
         );
         assert!(
             args(&[
@@ -564,7 +594,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             Error::LeaderElection(TimingError::Zero(TimingField::RetryPeriod)).to_string(),
-            "--leader-election-retry-period must be greater than zero"
+            "--leader-election-retry-period must be greater than zero, not 0s"
         );
     }
 

@@ -36,6 +36,11 @@ impl Defaults {
         Ok(Self::with_identity(args, leader::default_identity()?))
     }
 
+    /// The Lease holder identity of this process.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
     /// As [`Defaults::from_args`], with the given Lease holder identity.
     pub fn with_identity(args: &Args, identity: String) -> Self {
         Self {
@@ -71,6 +76,7 @@ impl Defaults {
             timeout: self.timeout,
             attach_workers: self.worker_threads,
             detach_workers: self.worker_threads,
+            csi_calls: self.worker_threads,
             retry_interval_start: self.retry_interval_start,
             retry_interval_max: self.retry_interval_max,
             reconcile_sync: self.reconcile_sync,

@@ -39,6 +39,11 @@ pub struct Settings {
     pub attach_workers: usize,
     /// Workers for detaches (VAs being deleted).
     pub detach_workers: usize,
+    /// Attach and detach syncs (so ControllerPublish/Unpublish calls) in flight at once, shared
+    /// by the two pools, first come first served so that neither starves the other. One number
+    /// of workers (`--worker-threads=N`, `workerThreads: N`) gives N, the calls the Go sidecar's
+    /// N workers make at most; `workerThreads: {attach: A, detach: D}` gives A + D.
+    pub csi_calls: usize,
     /// First retry delay of a failed item.
     pub retry_interval_start: Duration,
     /// Cap of the retry delay.

@@ -172,11 +172,12 @@ impl DriverEntry {
             None => {}
             Some(WorkerThreads::Both(n)) => {
                 let n = workers(&field("workerThreads"), *n)?;
-                (s.attach_workers, s.detach_workers) = (n, n);
+                (s.attach_workers, s.detach_workers, s.csi_calls) = (n, n, n);
             }
             Some(WorkerThreads::Pools(p)) => {
                 s.attach_workers = workers(&field("workerThreads.attach"), p.attach)?;
                 s.detach_workers = workers(&field("workerThreads.detach"), p.detach)?;
+                s.csi_calls = s.attach_workers + s.detach_workers;
             }
         }
         if let Some(n) = self.max_entries {

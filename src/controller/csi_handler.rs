@@ -95,6 +95,12 @@ impl CsiHandler {
         self.force_sync.lock().remove(name);
     }
 
+    /// Whether the handler remembers its own `attached: true` write to the VA `name`.
+    #[cfg(test)]
+    pub(crate) fn remembers(&self, name: &str) -> bool {
+        self.attached.lock().contains_key(name)
+    }
+
     /// Whether `va` is a cached copy older than our own `attached: true`
     /// write: its sync must wait for the echo, not publish again. Once the
     /// cache has caught up the memory is dropped.

@@ -40,16 +40,71 @@ pub enum Error {
         address: String,
     },
     /// The socket did not accept a connection in time.
-    #[error("failed to connect to CSI driver at {address} within {after:?}")]
+    #[error("failed to connect to CSI driver at {address} within {after:?}: {cause}")]
     Timeout {
         /// The socket path.
         address: Address,
         /// How long we tried.
         after: Duration,
-        /// The last connection error.
-        #[source]
-        source: tonic::transport::Error,
+        /// Why the last attempt failed ([`connect_failure`]).
+        cause: String,
     },
+}
+
+/// Why connecting to the socket at `address` failed, as an operator needs it: the OS error
+/// (found in `error`'s causes; tonic's own text is only "transport error") and what it usually
+/// means. A missing socket, one nobody listens on, and one this process may not open (the
+/// likeliest in production: the driver's socket owned by root, the hub running as UID 65532)
+/// read differently.
+pub fn connect_failure(address: &Address, error: &(dyn std::error::Error + 'static)) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let mut os = None;
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            os = Some(io);
+        }
+        source = e.source();
+    }
+    let path = address.path().display();
+    let Some(io) = os else {
+        return format!(
+            "cannot connect to {path}: {}",
+            crate::telemetry::error_chain(error)
+        );
+    };
+    let hint = match io.kind() {
+        io::ErrorKind::NotFound => {
+            "no socket at this path: is the driver running, and its socket directory mounted here?"
+                .to_owned()
+        }
+        io::ErrorKind::ConnectionRefused => {
+            "nothing listens on it: a socket file left behind by a driver that stopped?".to_owned()
+        }
+        io::ErrorKind::PermissionDenied => format!(
+            "this process ({}) may not open it: connecting needs write permission on the socket; run as its owner, or have the driver make it group-writable for a group this process has (runAsGroup, fsGroup)",
+            process_ids()
+        ),
+        _ => String::new(),
+    };
+    if hint.is_empty() {
+        format!("cannot connect to {path}: {io}")
+    } else {
+        format!("cannot connect to {path}: {io}: {hint}")
+    }
+}
+
+/// `UID u, GID g` of this process (from `/proc/self/status`; `?` where it cannot be read).
+fn process_ids() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let id = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or("?")
+            .to_owned()
+    };
+    format!("UID {}, GID {}", id("Uid:"), id("Gid:"))
 }
 
 /// The address of a driver socket: an absolute or relative filesystem path.
@@ -113,6 +168,17 @@ impl Connection {
     /// until the socket accepts a connection or `give_up_after` has passed
     /// (`None`: never give up).
     pub async fn connect(address: Address, give_up_after: Option<Duration>) -> Result<Self, Error> {
+        Self::connect_reporting(address, give_up_after, |_| {}).await
+    }
+
+    /// As [`Connection::connect`], telling `failed` why each attempt failed
+    /// ([`connect_failure`]); the first failure and then one every
+    /// [`STILL_CONNECTING_LOG_INTERVAL`] are logged.
+    pub async fn connect_reporting(
+        address: Address,
+        give_up_after: Option<Duration>,
+        mut failed: impl FnMut(&str),
+    ) -> Result<Self, Error> {
         let (tx, losses) = watch::channel(0u64);
         let tx = Arc::new(tx);
         let path = address.0.clone();
@@ -130,7 +196,7 @@ impl Connection {
 
         let started = Instant::now();
         let mut delay = CONNECT_BACKOFF_START;
-        let mut last_log = started;
+        let mut last_log: Option<Instant> = None;
         loop {
             match endpoint.connect_with_connector(connector.clone()).await {
                 Ok(channel) => {
@@ -142,16 +208,21 @@ impl Connection {
                     });
                 }
                 Err(source) => {
+                    let cause = connect_failure(&address, &source);
+                    failed(&cause);
                     if give_up_after.is_some_and(|limit| started.elapsed() >= limit) {
                         return Err(Error::Timeout {
                             address,
                             after: started.elapsed(),
-                            source,
+                            cause,
                         });
                     }
-                    if last_log.elapsed() >= STILL_CONNECTING_LOG_INTERVAL {
-                        tracing::warn!(%address, error = %source, "still connecting to CSI driver");
-                        last_log = Instant::now();
+                    if last_log.is_none_or(|t| t.elapsed() >= STILL_CONNECTING_LOG_INTERVAL) {
+                        tracing::warn!(
+                            error = %cause,
+                            "cannot connect to the CSI driver; retrying every second"
+                        );
+                        last_log = Some(Instant::now());
                     }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(CONNECT_BACKOFF_MAX);
@@ -287,5 +358,52 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    }
+
+    /// A missing socket, one nobody listens on, and one this process may not open read
+    /// differently, each with the path and the OS error.
+    #[tokio::test]
+    async fn a_failed_connect_names_the_path_and_the_os_cause() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cause = async |path: &Path| {
+            let address: Address = path.to_str().expect("UTF-8").parse().expect("a path");
+            let mut seen = Vec::new();
+            let err =
+                Connection::connect_reporting(address, Some(Duration::from_millis(50)), |c| {
+                    seen.push(c.to_owned())
+                })
+                .await
+                .expect_err("nobody listens");
+            assert!(!seen.is_empty());
+            assert!(
+                err.to_string().contains(seen.last().expect("a failure")),
+                "{err}"
+            );
+            seen.pop().expect("a failure")
+        };
+        let missing = dir.path().join("missing.sock");
+        let text = cause(&missing).await;
+        assert!(
+            text.starts_with(&format!("cannot connect to {}: No such file or directory (os error 2): no socket at this path", missing.display())),
+            "{text}"
+        );
+        // A socket file whose listener is gone.
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
+        let text = cause(&stale).await;
+        assert!(
+            text.contains("Connection refused (os error 111): nothing listens on it"),
+            "{text}"
+        );
+        // Permission denied cannot be made as root; the text is what the OS error gives.
+        let denied = io::Error::from(io::ErrorKind::PermissionDenied);
+        let text = connect_failure(&"/csi/csi.sock".parse().expect("a path"), &denied);
+        assert!(
+            text.starts_with(
+                "cannot connect to /csi/csi.sock: permission denied: this process (UID "
+            ),
+            "{text}"
+        );
+        assert!(text.contains("write permission on the socket"), "{text}");
     }
 }

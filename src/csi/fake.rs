@@ -48,6 +48,36 @@ struct Script {
     /// ListVolumes: volume ID → published node IDs.
     published: BTreeMap<String, Vec<String>>,
     calls: Vec<Call>,
+    /// How long each publish and unpublish takes.
+    delay: std::time::Duration,
+    /// Publishes and unpublishes in flight now, and the most there ever were.
+    in_flight: usize,
+    max_in_flight: usize,
+}
+
+/// Counts a publish or unpublish in flight for as long as it lives.
+struct InFlight(FakeCsi);
+
+impl InFlight {
+    async fn start(fake: &FakeCsi) -> Self {
+        let delay = {
+            let mut s = fake.0.lock();
+            s.in_flight += 1;
+            s.max_in_flight = s.max_in_flight.max(s.in_flight);
+            s.delay
+        };
+        let this = InFlight(fake.clone());
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        this
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.0.lock().in_flight -= 1;
+    }
 }
 
 /// A fake driver; clones share its script and record.
@@ -88,6 +118,16 @@ impl FakeCsi {
             volume.to_owned(),
             nodes.iter().map(|n| (*n).to_owned()).collect(),
         );
+    }
+
+    /// Each publish and unpublish takes `delay` from now on.
+    pub(crate) fn set_call_delay(&self, delay: std::time::Duration) {
+        self.0.lock().delay = delay;
+    }
+
+    /// The most publishes and unpublishes that were ever in flight at once.
+    pub(crate) fn max_in_flight(&self) -> usize {
+        self.0.lock().max_in_flight
     }
 
     /// Every call so far, oldest first.
@@ -204,6 +244,7 @@ impl Controller for FakeCsi {
             secrets: req.secrets.into_iter().collect(),
             ..call("ControllerPublishVolume")
         });
+        let _in_flight = InFlight::start(self).await;
         let mut script = self.0.lock();
         if !script.publish_errors.is_empty() {
             return Err(script.publish_errors.remove(0));
@@ -229,6 +270,7 @@ impl Controller for FakeCsi {
             secrets: req.secrets.into_iter().collect(),
             ..call("ControllerUnpublishVolume")
         });
+        let _in_flight = InFlight::start(self).await;
         let mut script = self.0.lock();
         if !script.unpublish_errors.is_empty() {
             return Err(script.unpublish_errors.remove(0));

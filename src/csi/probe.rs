@@ -55,6 +55,34 @@ impl Capabilities {
     }
 }
 
+impl std::fmt::Display for Capabilities {
+    /// The capabilities offered, in CSI's words, comma-separated (`none` without any): short
+    /// enough for a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = [
+            (self.controller_service, "CONTROLLER_SERVICE"),
+            (self.publish_unpublish, "PUBLISH_UNPUBLISH_VOLUME"),
+            (self.publish_readonly, "PUBLISH_READONLY"),
+            (self.list_volumes, "LIST_VOLUMES"),
+            (
+                self.list_volumes_published_nodes,
+                "LIST_VOLUMES_PUBLISHED_NODES",
+            ),
+            (self.single_node_multi_writer, "SINGLE_NODE_MULTI_WRITER"),
+        ];
+        let offered: Vec<&str> = names
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n)
+            .collect();
+        if offered.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&offered.join(","))
+        }
+    }
+}
+
 /// Calls Probe until the driver is ready: a `ready=false` answer or a
 /// `DeadlineExceeded` is retried every second, for ever; any other error ends
 /// the wait. An absent `ready` field means ready.

@@ -6,7 +6,10 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{context::Context, driver::State};
+use super::{
+    context::Context,
+    driver::{Driver, State},
+};
 use crate::{
     k8s::router,
     leader::balance::{self, Presence},
@@ -71,6 +74,9 @@ pub(crate) async fn balance_leases(
     let mut tick = tokio::time::interval(config.retry_period);
     // A reload that adds or removes drivers changes the share at once, not a period later.
     let mut slots_changed = hub.registry.slots_changed();
+    // Whether the last round saw another live replica, and when we last wrote our presence.
+    let mut peers = false;
+    let mut renewed: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -80,7 +86,15 @@ pub(crate) async fn balance_leases(
             }
             event = events.next() => {
                 match event {
-                    Some(Ok(event)) => apply_lease_event(&hub.shared, &mut leases, &mut listing, event),
+                    Some(Ok(event)) => {
+                        // A replica alone learns of a newcomer at once, and renews its presence
+                        // so that the newcomer counts it.
+                        let newcomer = !peers && is_other_presence(&event, presence.name());
+                        apply_lease_event(&hub.shared, &mut leases, &mut listing, event);
+                        if newcomer {
+                            tick.reset_immediately();
+                        }
+                    }
                     Some(Err(error)) => tracing::debug!(%error, "the Lease watch failed; retrying"),
                     None => break,
                 }
@@ -101,29 +115,74 @@ pub(crate) async fn balance_leases(
                 .map(|d| d.settings().address.path().to_str().unwrap_or_default()),
         );
         let known: Vec<Lease> = leases.values().cloned().collect();
+        let now = tokio::time::Instant::now();
+        peers = !balance::others_in_group(
+            &known,
+            presence.name(),
+            &group,
+            k8s_openapi::jiff::Timestamp::now(),
+            now,
+        )
+        .is_empty();
+        let own = known
+            .iter()
+            .find(|l| l.metadata.name.as_deref() == Some(presence.name()));
+        let renew = balance::presence_due(own, &group, peers, renewed, config.retry_period, now);
         let round = tokio::select! {
             () = stop.cancelled() => break,
-            r = presence.round(&hub.shared.balance, candidates.len(), &group, &known) => r,
+            r = presence.round(&hub.shared.balance, candidates.len(), &group, &known, renew) => r,
         };
-        if let Err(error) = round {
-            tracing::warn!(%error, "renewing replica presence failed");
-            continue;
-        }
-        let surplus = hub.shared.balance.surplus();
-        if surplus > 0 {
-            // Hand over the drivers with the greatest names, deterministically.
-            let mut leading: Vec<_> = candidates
-                .iter()
-                .filter(|d| d.state() == State::Leading)
-                .collect();
-            leading.sort_by_key(|d| std::cmp::Reverse(d.name()));
-            for d in leading.into_iter().take(surplus) {
-                tracing::info!(driver = ?d.name(), "over this replica's share; handing the driver over");
-                d.hand_over();
+        match round {
+            Ok(_) if renew => renewed = Some(now),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "renewing replica presence failed");
+                continue;
             }
+        }
+        for d in to_hand_over(&candidates, hub.shared.balance.surplus()) {
+            tracing::info!(
+                driver = d.name().unwrap_or_default(),
+                "over this replica's share; handing the driver over"
+            );
+            d.hand_over();
         }
     }
     presence.remove().await;
+}
+
+/// The drivers to hand over for a `surplus` of Leases: the leading ones with the greatest names
+/// (deterministic, so that replicas agree), less those already being handed over (they still
+/// lead while they drain, and still count in the surplus until they let go).
+fn to_hand_over<'a>(candidates: &[&'a Arc<Driver>], surplus: usize) -> Vec<&'a Arc<Driver>> {
+    let under_way = candidates.iter().filter(|d| d.handing_over()).count();
+    let mut leading: Vec<&'a Arc<Driver>> = candidates
+        .iter()
+        .copied()
+        .filter(|d| d.state() == State::Leading && !d.handing_over())
+        .collect();
+    leading.sort_by_key(|d| std::cmp::Reverse(d.name()));
+    leading.truncate(surplus.saturating_sub(under_way));
+    leading
+}
+
+/// Whether `event` shows another replica's presence Lease (applied, not deleted).
+fn is_other_presence(
+    event: &kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>,
+    own: &str,
+) -> bool {
+    use kube::runtime::watcher::Event;
+    match event {
+        Event::Apply(l) | Event::InitApply(l) => {
+            l.metadata.name.as_deref() != Some(own)
+                && l.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|m| m.get(crate::names::REPLICA_LABEL))
+                    .is_some_and(|v| v == "true")
+        }
+        _ => false,
+    }
 }
 
 /// Keeps `leases` in step with the Lease watch and passes every driver Lease it sees to that
@@ -157,5 +216,106 @@ fn apply_lease_event(
         }
         Event::Init => listing.clear(),
         Event::InitDone => std::mem::swap(leases, listing),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::cli::Args;
+    use crate::config::Defaults;
+    use crate::fake_api::FakeApi;
+    use crate::hub::context::tests::context;
+    use crate::hub::driver::Origin;
+    use crate::k8s::stores::TestStores;
+
+    fn leading_driver(name: &str) -> Arc<Driver> {
+        let defaults = Defaults::with_identity(&Args::default(), "me".into());
+        let settings = defaults.settings_for(format!("/csi/{name}.sock").parse().expect("a path"));
+        let driver = Driver::named(settings, Origin::Configured, name);
+        driver.set_state_for_test(State::Leading);
+        driver
+    }
+
+    fn names(drivers: &[&Arc<Driver>]) -> Vec<String> {
+        drivers
+            .iter()
+            .map(|d| d.name().unwrap_or_default())
+            .collect()
+    }
+
+    /// A surplus of two hands over the two greatest names; asked again while the first is
+    /// still handing over (it leads until its Lease is vacated), only one more goes, not two.
+    #[test]
+    fn the_surplus_is_handed_over_once_counting_hand_overs_under_way() {
+        let (a, b, c) = (
+            leading_driver("a"),
+            leading_driver("b"),
+            leading_driver("c"),
+        );
+        let all = [&a, &b, &c];
+        assert_eq!(names(&to_hand_over(&all, 2)), ["c", "b"]);
+        assert!(to_hand_over(&all, 0).is_empty());
+        c.hand_over();
+        assert!(c.handing_over());
+        assert_eq!(names(&to_hand_over(&all, 2)), ["b"]);
+        assert!(to_hand_over(&all, 1).is_empty(), "c is on its way");
+        // Standby drivers are never asked.
+        b.set_state_for_test(State::Standby);
+        b.hand_over();
+        assert!(!b.handing_over());
+        assert_eq!(names(&to_hand_over(&all, 2)), ["a"]);
+    }
+
+    fn lease(name: &str, holder: &str) -> Lease {
+        let mut l = Lease::default();
+        l.metadata.name = Some(name.into());
+        l.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(holder.into()),
+            ..Default::default()
+        });
+        l
+    }
+
+    /// The Lease watch keeps the replica's view of the namespace's Leases (a re-list replaces
+    /// it whole) and passes each copy of a driver Lease to that Lease's elector.
+    #[tokio::test(start_paused = true)]
+    async fn the_lease_watch_keeps_the_view_and_feeds_each_electors_lease() {
+        let caches = TestStores::new();
+        let hub = context(&FakeApi::default(), caches.stores.clone());
+        let shared = &hub.shared;
+        let (feed, mut seen) = tokio::sync::watch::channel(None);
+        shared.lease_feeds.insert("lease-a".into(), feed);
+        let (mut leases, mut listing) = (HashMap::new(), HashMap::new());
+        let mut apply = |e| apply_lease_event(shared, &mut leases, &mut listing, e);
+        apply(Event::Init);
+        apply(Event::InitApply(lease("lease-a", "other")));
+        apply(Event::InitApply(lease("presence-x", "x")));
+        apply(Event::InitDone);
+        let holder = |s: &tokio::sync::watch::Receiver<Option<crate::leader::Seen>>| {
+            s.borrow().as_ref().map(|seen| {
+                seen.lease
+                    .as_ref()
+                    .and_then(|l| l.spec.clone())
+                    .and_then(|s| s.holder_identity)
+            })
+        };
+        assert_eq!(holder(&seen), Some(Some("other".into())));
+        seen.mark_unchanged();
+        apply(Event::Apply(lease("lease-a", "")));
+        assert!(seen.has_changed().expect("open"));
+        assert_eq!(holder(&seen), Some(Some(String::new())));
+        apply(Event::Delete(lease("lease-a", "")));
+        assert_eq!(holder(&seen), Some(None), "deleted");
+        // A re-list without presence-x forgets it.
+        apply(Event::Init);
+        apply(Event::InitApply(lease("lease-b", "me")));
+        apply(Event::InitDone);
+        let mut kept: Vec<&String> = leases.keys().collect();
+        kept.sort();
+        assert_eq!(kept, ["lease-b"]);
     }
 }

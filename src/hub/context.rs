@@ -14,6 +14,8 @@ pub struct Context {
     pub shared: Arc<Shared>,
     /// The drivers, by name and by slot.
     pub registry: Arc<Registry>,
+    /// Where the driver list comes from, and how its reloads went.
+    pub config: super::reload::ConfigStatus,
     /// Cancelled once the supervisor has started the first set of drivers: leadership
     /// balancing waits for it, so its first share counts every configured driver.
     pub first_reconcile: CancellationToken,
@@ -52,6 +54,10 @@ pub(crate) mod tests {
             shared,
             registry,
             first_reconcile: CancellationToken::new(),
+            config: crate::hub::reload::ConfigStatus::new(
+                None,
+                crate::metrics::config::ConfigMetrics::register(&metrics).expect("fresh registry"),
+            ),
         })
     }
 }

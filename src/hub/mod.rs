@@ -5,8 +5,9 @@
 //! The parts: [`driver`] (one driver's life), [`registry`] (the drivers by name and slot),
 //! [`dispatch`] (watch events to drivers), [`supervisor`] (the running set follows the driver
 //! list), [`discovery`] (driver sockets found at run time), [`status`] (what the HTTP listener
-//! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas)
-//! and [`context`] (what the hub's tasks share). [`run`] wires them.
+//! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas),
+//! [`reload`] (how the driver list's loads went) and [`context`] (what the hub's tasks share).
+//! [`run`] wires them.
 
 pub mod balance_loop;
 pub mod context;
@@ -15,6 +16,7 @@ pub mod dispatch;
 pub mod driver;
 pub mod gauges;
 pub mod registry;
+pub mod reload;
 pub mod status;
 pub mod supervisor;
 
@@ -57,8 +59,8 @@ pub use supervisor::{Loader, Source};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No usable kubeconfig or in-cluster configuration.
-    #[error("building the Kubernetes client configuration failed")]
-    KubeConfig(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    KubeConfig(crate::k8s::client::ConfigError),
     /// The Kubernetes client could not be built.
     #[error("building the Kubernetes client failed")]
     KubeClient(#[source] kube::Error),
@@ -136,9 +138,12 @@ pub async fn run(
         max_grpc_log_length,
     } = config;
 
-    let kube_cfg = crate::k8s::client::kube_config(kubeconfig.as_deref())
-        .await
-        .map_err(Error::KubeConfig)?;
+    let kube_cfg = crate::k8s::client::kube_config(
+        kubeconfig.as_deref(),
+        crate::k8s::client::Search::InClusterFirst,
+    )
+    .await
+    .map_err(Error::KubeConfig)?;
     let connection_metrics = crate::metrics::ConnectionMetrics::new();
     connection_metrics
         .register(&registry)
@@ -164,7 +169,13 @@ pub async fn run(
         registry: hub_registry.clone(),
         pvs: OnceLock::new(),
     });
-    let (stores, watches) = router::start(client.clone(), dispatch.clone(), resync, &watch_stop);
+    let (stores, watches) = router::start(
+        client.clone(),
+        kube_cfg.cluster_url.to_string(),
+        dispatch.clone(),
+        resync,
+        &watch_stop,
+    );
     // No event flows before `watches` is spawned below.
     let _ = dispatch.pvs.set(stores.pvs.clone());
     // Tasks that live as long as the hub; one that ends early ends the process (the kubelet
@@ -196,10 +207,18 @@ pub async fn run(
         max_grpc_log_length,
         lease_feeds: DashMap::new(),
     });
+    let config_path = match &source {
+        Source::File { path, .. } => Some(path.display().to_string()),
+        _ => None,
+    };
     let hub = Arc::new(Context {
         shared: shared.clone(),
         registry: hub_registry.clone(),
         first_reconcile: CancellationToken::new(),
+        config: reload::ConfigStatus::new(
+            config_path,
+            crate::metrics::config::ConfigMetrics::register(&registry).map_err(Error::Metrics)?,
+        ),
     });
     if let Some(b) = balance {
         own(
@@ -276,10 +295,20 @@ pub async fn run(
     };
     watch_stop.cancel();
     http_stop.cancel();
+    // Let them end on their tokens (the balancing task deletes the replica's presence Lease,
+    // within its own bound), then abort what is left.
+    let _ = tokio::time::timeout(CRITICAL_STOP_TIMEOUT, async {
+        while critical.join_next().await.is_some() {}
+    })
+    .await;
     critical.shutdown().await;
     tracing::info!("stopped");
     died.map_or(Ok(()), Err)
 }
+
+/// How long the hub's own tasks may take to end once the drivers have stopped (the presence
+/// Lease's deletion, bounded by [`crate::leader::balance::REMOVE_TIMEOUT`], is the slowest).
+const CRITICAL_STOP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A task the hub owns for its whole life.
 type CriticalTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;

@@ -44,6 +44,10 @@ impl http::Status for HubStatus {
         Ok(())
     }
 
+    fn config(&self) -> serde_json::Value {
+        self.hub.config.describe()
+    }
+
     fn drivers(&self) -> serde_json::Value {
         serde_json::Value::Array(
             self.hub

@@ -128,9 +128,11 @@ impl Supervisor {
                         Ok(config) => {
                             configured = config.drivers;
                             self.hub.shared.api_cap.set_limit(config.hub_api_cap);
+                            self.hub.config.reloaded();
                         }
                         Err(error) => {
-                            tracing::error!(%error, "the new driver file is invalid; keeping the running configuration")
+                            tracing::error!(%error, "the new driver file is invalid; keeping the running configuration");
+                            self.hub.config.rejected(&error);
                         }
                     }
                 }
@@ -193,7 +195,14 @@ impl Supervisor {
             .collect();
         for path in &stale {
             if let Some(r) = self.running.get(path) {
-                tracing::info!(socket = %r.settings.address, "stopping driver (removed or changed)");
+                match r.driver.name().or_else(|| r.settings.expected_name.clone()) {
+                    Some(name) => {
+                        tracing::info!(driver = %name, socket = %r.settings.address, "stopping driver (removed or changed)")
+                    }
+                    None => {
+                        tracing::info!(socket = %r.settings.address, "stopping driver (removed or changed)")
+                    }
+                }
             }
         }
         self.stop(stale).await;
@@ -205,11 +214,26 @@ impl Supervisor {
             .collect();
         new.sort_by(|a, b| a.0.cmp(&b.0));
         for (path, (settings, origin)) in new {
-            tracing::info!(socket = %settings.address, ?origin, "starting driver");
+            match &settings.expected_name {
+                Some(name) => {
+                    tracing::info!(driver = %name, socket = %settings.address, ?origin, "starting driver")
+                }
+                None => tracing::info!(socket = %settings.address, ?origin, "starting driver"),
+            }
             let driver = Driver::new(settings.clone(), origin);
             self.hub.registry.add_slot(driver.clone());
             let stop = CancellationToken::new();
-            let span = tracing::info_span!("driver", socket = %settings.address);
+            // Every line of the driver's life names it: by its configured name, or by the name
+            // it reports once connected (recorded into this span), and by its socket until
+            // then.
+            let span = match &settings.expected_name {
+                Some(name) => {
+                    tracing::info_span!("driver", driver = %name, socket = %settings.address)
+                }
+                None => {
+                    tracing::info_span!("driver", driver = tracing::field::Empty, socket = %settings.address)
+                }
+            };
             let task = tokio::spawn(
                 supervised(driver.clone(), self.hub.clone(), stop.clone()).instrument(span),
             );

@@ -42,6 +42,7 @@ pub trait Route: Send + Sync + 'static {
 /// the returned future resolves when all of them have ended.
 pub fn start(
     client: Client,
+    server: String,
     route: Arc<dyn Route>,
     resync: Duration,
     shutdown: &CancellationToken,
@@ -82,6 +83,7 @@ pub fn start(
                 Change::Applied { old, new } => route.va_applied(old.as_deref(), &new),
                 Change::Deleted(va) => route.va_deleted(&va),
             },
+            server.clone(),
             shutdown.clone(),
         )
         .instrument(tracing::info_span!("watch", kind = "VolumeAttachment"))
@@ -96,6 +98,7 @@ pub fn start(
                     route.pv_applied(&new);
                 }
             },
+            server.clone(),
             shutdown.clone(),
         )
         .instrument(tracing::info_span!("watch", kind = "PersistentVolume"))
@@ -104,6 +107,7 @@ pub fn start(
         Api::<CSINode>::all(client),
         Mirror::<CsiNode>::new(stores.csinodes.clone(), None),
         |_| {},
+        server,
         shutdown.clone(),
     )
     .instrument(tracing::info_span!("watch", kind = "CSINode"));
@@ -160,6 +164,7 @@ async fn run_watch<K, T, F>(
     api: Api<K>,
     mut mirror: Mirror<T>,
     on_change: F,
+    server: String,
     shutdown: CancellationToken,
 ) where
     K: Resource<DynamicType = ()>
@@ -178,14 +183,22 @@ async fn run_watch<K, T, F>(
     let mut stream: std::pin::Pin<
         Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
     > = Box::pin(stream);
+    let mut log = WatchLog::default();
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return,
             next = stream.next() => next,
         };
         match next {
-            Some(Ok(event)) => mirror.apply(lean_event(event), &on_change),
-            Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with backoff"),
+            Some(Ok(event)) => {
+                // `Init` comes before every attempt to list, failed or not: only what the
+                // server sent says it answers.
+                if !matches!(event, watcher::Event::Init) {
+                    log.delivered(&server);
+                }
+                mirror.apply(lean_event(event), &on_change);
+            }
+            Some(Err(error)) => log.failed(&server, &error),
             None => return,
         }
     }
@@ -202,25 +215,43 @@ fn lean_event<K, T: From<K>>(event: watcher::Event<K>) -> watcher::Event<T> {
     }
 }
 
-/// Pause before watching again after a failed watch: [`WATCH_BACKOFF_MIN`] doubling up to
-/// [`WATCH_BACKOFF_MAX`], each pause shortened by a random part of up to half, back to the
-/// minimum after any success. kube's default (0.8 s doubling to 30 s) left the watches of a
-/// hub whose API server came back blind for up to half a minute; a few requests per watched
-/// kind every few seconds are nothing for a server that is up and little for one that is down.
+/// Pause before watching again after a failed watch, shaped as client-go's reflector's
+/// (`k8s.io/client-go/tools/cache/reflector.go`: 800 ms doubling, each pause jittered by up to
+/// as much again, back to the start once no failure came for 2 minutes): [`WATCH_BACKOFF_MIN`]
+/// doubling up to [`WATCH_BACKOFF_MAX`], each pause between that and twice that, back to the
+/// minimum after [`WATCH_BACKOFF_RESET`] without a failure.
+///
+/// Only the cap differs: the reflector's 30 s (30-60 s pauses) suits a process with a few
+/// informers per controller, thousands in a cluster; the hub has three watches whatever the
+/// number of drivers, and a watch that retries late leaves every driver blind after the API
+/// server is back (docs/reliability.md, item 7), so pauses stop growing at 2-4 s: the first
+/// attach after a 20 s cut-off comes within 5 s of the server's return (regressions'
+/// `recovery_after_a_visible_cut_off_is_prompt`), at the load the hub had before.
+///
+/// A success does not reset it: kube's watcher yields `Event::Init` before each attempt to
+/// list, and [`StreamBackoff`](kube::runtime::utils::StreamBackoff) resets its backoff on any
+/// item, so a reset on success kept every retry at the first pause while the server was away.
 #[derive(Debug)]
 pub(crate) struct WatchBackoff {
+    /// The pause before jitter for the next failure.
     next: Duration,
+    /// When the last failure came.
+    last_failure: Option<tokio::time::Instant>,
 }
 
-/// First pause of [`WatchBackoff`].
-const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(500);
-/// Longest pause of [`WatchBackoff`].
-const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(4);
+/// First pause of [`WatchBackoff`] (before jitter), client-go's `defaultBackoffInit`.
+const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(800);
+/// Longest pause of [`WatchBackoff`] (before jitter).
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// A failure after this long without one starts over from [`WATCH_BACKOFF_MIN`] (client-go's
+/// `defaultBackoffReset`).
+const WATCH_BACKOFF_RESET: Duration = Duration::from_secs(120);
 
 impl Default for WatchBackoff {
     fn default() -> Self {
         Self {
             next: WATCH_BACKOFF_MIN,
+            last_failure: None,
         }
     }
 }
@@ -228,16 +259,67 @@ impl Default for WatchBackoff {
 impl Iterator for WatchBackoff {
     type Item = Duration;
 
+    /// The pause after a failure that happens now.
     fn next(&mut self) -> Option<Duration> {
+        let now = tokio::time::Instant::now();
+        if self
+            .last_failure
+            .is_some_and(|at| now.duration_since(at) > WATCH_BACKOFF_RESET)
+        {
+            self.next = WATCH_BACKOFF_MIN;
+        }
+        self.last_failure = Some(now);
         let pause = self.next;
         self.next = (self.next * 2).min(WATCH_BACKOFF_MAX);
-        Some(pause.mul_f64(1.0 - crate::random::random_unit() / 2.0))
+        // client-go's `wait.Jitter(d, 1.0)`: d + rand·d.
+        Some(pause.mul_f64(1.0 + crate::random::random_unit()))
     }
 }
 
 impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = WATCH_BACKOFF_MIN;
+    /// Called on every item of the stream, `Event::Init` of a failing list included: the
+    /// backoff starts over only after [`WATCH_BACKOFF_RESET`] without a failure (see the type).
+    fn reset(&mut self) {}
+}
+
+/// A warning about a failing watch at most this often per watched kind; the failures in
+/// between are counted in the next warning (and logged at debug level). With three watches
+/// that is six warning lines a minute while the API server is away.
+const WATCH_LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// What the log says about one watch's failures: the first failure and then at most one
+/// warning per [`WATCH_LOG_EVERY`], each naming the API server and the cause, and the
+/// recovery once.
+#[derive(Debug)]
+struct WatchLog(crate::telemetry::Throttle);
+
+impl Default for WatchLog {
+    fn default() -> Self {
+        Self(crate::telemetry::Throttle::new(WATCH_LOG_EVERY))
+    }
+}
+
+impl WatchLog {
+    /// A failure of the watch of `server`.
+    fn failed(&mut self, server: &str, error: &watcher::Error) {
+        let err = crate::telemetry::error_chain(error);
+        match self.0.failed() {
+            Some(failures) => {
+                tracing::warn!(%server, err, failures, "watch failed; retrying with backoff");
+            }
+            None => {
+                let failures = self.0.failures();
+                tracing::debug!(%server, err, failures, "watch failed");
+            }
+        }
+    }
+
+    /// The watch delivered again.
+    fn delivered(&mut self, server: &str) {
+        let failures = self.0.succeeded();
+        if failures > 0 {
+            tracing::info!(%server, failures, "watch resumed");
+        }
     }
 }
 
@@ -326,17 +408,72 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn watch_backoff_stays_short_and_resets_after_a_success() {
-        use kube::runtime::utils::Backoff;
+    #[tokio::test(start_paused = true)]
+    async fn watch_backoff_grows_to_its_cap_jittered_upward_and_starts_over_after_a_quiet_spell() {
         let mut b = WatchBackoff::default();
-        let pauses: Vec<Duration> = (0..8).map(|_| b.next().expect("never gives up")).collect();
-        for (i, p) in pauses.iter().enumerate() {
-            let nominal = (WATCH_BACKOFF_MIN * 2u32.pow(i as u32)).min(WATCH_BACKOFF_MAX);
-            assert!(*p <= nominal && *p >= nominal / 2, "pause {i}: {p:?}");
+        for i in 0..8 {
+            let nominal = (WATCH_BACKOFF_MIN * 2u32.pow(i)).min(WATCH_BACKOFF_MAX);
+            let p = b.next().expect("never gives up");
+            assert!(p >= nominal && p < nominal * 2, "pause {i}: {p:?}");
+            tokio::time::advance(p).await;
         }
-        b.reset();
-        assert!(b.next().expect("pause") <= WATCH_BACKOFF_MIN);
+        // A success does not start it over (see `a_failing_list_backs_off_...`).
+        kube::runtime::utils::Backoff::reset(&mut b);
+        assert!(b.next().expect("pause") >= WATCH_BACKOFF_MAX);
+        // Two minutes without a failure do.
+        tokio::time::advance(WATCH_BACKOFF_RESET + Duration::from_millis(1)).await;
+        assert!(b.next().expect("pause") < WATCH_BACKOFF_MIN * 2);
+    }
+
+    /// Regression: kube's watcher yields `Event::Init` before each attempt to list, and kube's
+    /// `StreamBackoff` resets its backoff on every item; a backoff that started over on reset
+    /// retried a failing list at its first pause forever (160 warnings in 20 s).
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_list_backs_off_although_the_watcher_yields_init_before_each_attempt() {
+        let attempts = futures::stream::unfold(0u32, |n| async move {
+            let item: Result<watcher::Event<()>, &str> = if n % 2 == 0 {
+                Ok(watcher::Event::Init)
+            } else {
+                Err("connection refused")
+            };
+            Some((item, n + 1))
+        });
+        let mut stream = std::pin::pin!(kube::runtime::utils::StreamBackoff::new(
+            attempts,
+            WatchBackoff::default()
+        ));
+        // The pauses between failures grow to the cap, and stay there.
+        let mut last = tokio::time::Instant::now();
+        let mut gaps = Vec::new();
+        while gaps.len() < 8 {
+            if let Some(Err(_)) = stream.next().await {
+                gaps.push(last.elapsed());
+                last = tokio::time::Instant::now();
+            }
+        }
+        for (i, gap) in gaps.iter().enumerate().skip(1) {
+            // Gap i follows failure i-1, whose pause was the (i-1)-th: 0.8 s, 1.6 s, then 2 s.
+            let nominal = (WATCH_BACKOFF_MIN * 2u32.pow(i as u32 - 1)).min(WATCH_BACKOFF_MAX);
+            assert!(
+                *gap >= nominal && *gap < nominal * 2,
+                "gap {i}: {gap:?} (all: {gaps:?})"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_watch_warns_once_then_at_most_every_thirty_seconds_and_says_when_it_resumes()
+    {
+        let mut log = crate::telemetry::Throttle::new(WATCH_LOG_EVERY);
+        assert_eq!(log.failed(), Some(1), "the first failure warns");
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert_eq!(log.failed(), None, "no second warning within 30 s");
+        }
+        tokio::time::advance(WATCH_LOG_EVERY).await;
+        assert_eq!(log.failed(), Some(21), "counting the ones in between");
+        assert_eq!(log.succeeded(), 22);
+        assert_eq!(log.failed(), Some(1), "a new run warns at once");
     }
 
     fn va(name: &str, rv: &str) -> Va {

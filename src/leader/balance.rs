@@ -1,7 +1,9 @@
 //! Spreading driver leadership across hub replicas.
 //!
 //! Each replica keeps a presence Lease `attacher-hub-replica-<identity>`
-//! (label [`crate::names::REPLICA_LABEL`]) renewed every retry period. From the live
+//! (label [`crate::names::REPLICA_LABEL`]), renewed every retry period while another replica of
+//! its group is alive, and written only when something changes while it is alone
+//! ([`presence_due`]); it is deleted when the replica stops. From the live
 //! presence Leases a replica knows how many replicas share the work and so
 //! its fair share, `ceil(drivers / replicas)`. A replica at or above its share
 //! does not try to acquire more driver Leases; a replica above it hands the
@@ -27,7 +29,7 @@ use tokio::time::Instant;
 use crate::names::{REPLICA_GROUP_LABEL, REPLICA_LABEL, replica_lease_name};
 
 /// Longest wait for deleting the presence Lease on shutdown.
-const REMOVE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How many driver Leases this replica may hold, and how many it holds.
 #[derive(Debug, Default)]
@@ -176,6 +178,33 @@ pub fn others_in_group(
         .collect()
 }
 
+/// Whether a balancing round writes this replica's presence Lease `own` (as the Lease watch
+/// shows it) in `group`: when it is missing or in another group; else only while another
+/// replica of the group is alive (`peers`), at most once per half `period` since the `last`
+/// write. A replica alone writes nothing round after round (a Lease renewed every retry period
+/// for nobody cost 12 writes a minute); a newcomer's presence shows up in its Lease watch, and
+/// it renews at once (the watch event starts a round), so that the newcomer counts it.
+pub fn presence_due(
+    own: Option<&Lease>,
+    group: &str,
+    peers: bool,
+    last: Option<Instant>,
+    period: Duration,
+    now: Instant,
+) -> bool {
+    let in_group = own.is_some_and(|l| {
+        l.metadata
+            .labels
+            .as_ref()
+            .and_then(|m| m.get(REPLICA_GROUP_LABEL))
+            .is_some_and(|g| g == group)
+    });
+    if !in_group {
+        return true;
+    }
+    peers && last.is_none_or(|t| now >= t + period / 2)
+}
+
 /// Keeps this replica's presence Lease and recomputes the share.
 #[derive(Debug)]
 pub struct Presence {
@@ -286,20 +315,23 @@ impl Presence {
         }
     }
 
-    /// One round: renew our presence in `group`, then publish the share of `drivers` driver
-    /// Leases among the live replicas of the group found in `leases` (the namespace's Leases,
-    /// from a watch). Returns the share.
+    /// One round: renew our presence in `group` (if `renew`), then publish the share of
+    /// `drivers` driver Leases among the live replicas of the group found in `leases` (the
+    /// namespace's Leases, from a watch). Returns the share.
     pub async fn round(
         &self,
         balance: &Balance,
         drivers: usize,
         group: &str,
         leases: &[Lease],
+        renew: bool,
     ) -> kube::Result<usize> {
-        let own = leases
-            .iter()
-            .find(|l| l.metadata.name.as_deref() == Some(self.name.as_str()));
-        self.renew(group, own).await?;
+        if renew {
+            let own = leases
+                .iter()
+                .find(|l| l.metadata.name.as_deref() == Some(self.name.as_str()));
+            self.renew(group, own).await?;
+        }
         let others = others_in_group(leases, &self.name, group, Timestamp::now(), Instant::now());
         let before = balance.share();
         balance.set(drivers, others);
@@ -435,5 +467,55 @@ mod tests {
         assert_ne!(group_key(["/x", "y"]), group_key(["/xy"]));
         assert_eq!(a.len(), 16, "fits a label value");
         assert_eq!(group_key([]), group_key(Vec::<&str>::new()));
+    }
+
+    /// A replica alone writes its presence once and then nothing; with another replica alive it
+    /// renews every retry period; a missing Lease or one of another group is written at once.
+    #[tokio::test(start_paused = true)]
+    async fn presence_is_renewed_only_while_another_replica_counts_on_it() {
+        let period = Duration::from_secs(5);
+        let now = Instant::now();
+        let wall = Timestamp::now();
+        let own = presence("attacher-hub-replica-me", "g1", 0, 10, wall);
+        assert!(
+            presence_due(None, "g1", false, None, period, now),
+            "create it"
+        );
+        assert!(
+            presence_due(Some(&own), "g2", false, Some(now), period, now),
+            "a reload moved it to another group"
+        );
+        assert!(!presence_due(
+            Some(&own),
+            "g1",
+            false,
+            Some(now),
+            period,
+            now + period * 10
+        ));
+        assert!(
+            !presence_due(Some(&own), "g1", false, None, period, now),
+            "alone"
+        );
+        assert!(
+            presence_due(Some(&own), "g1", true, None, period, now),
+            "a newcomer"
+        );
+        assert!(!presence_due(
+            Some(&own),
+            "g1",
+            true,
+            Some(now),
+            period,
+            now + period / 4
+        ));
+        assert!(presence_due(
+            Some(&own),
+            "g1",
+            true,
+            Some(now),
+            period,
+            now + period
+        ));
     }
 }

@@ -40,8 +40,13 @@ const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
 /// clock and ours may differ by the API server's write delay).
 const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 
+/// While attempts to acquire the Lease fail, a warning at most this often (the failures in
+/// between at debug level): an API server away for long is a few lines a minute per driver,
+/// not one per attempt.
+const ACQUIRE_LOG_EVERY: Duration = Duration::from_secs(30);
+
 /// Longest wait for the Lease release on shutdown (bounded further by the renew deadline).
-const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// This candidate's view of the election, published through a `watch` channel.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,13 +131,18 @@ impl Seen {
 
 /// A predicate that allows or skips acquisition attempts, and optionally signals that it may
 /// have turned from no to yes (so that a gated candidate tries at once instead of at its next
-/// jittered attempt).
+/// jittered attempt), and an optional check made only when the Lease is there for the taking
+/// (vacant, expired or missing), right before the write that would take it.
 #[derive(Clone)]
 pub struct AcquireGate {
     allows: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,
     /// Each change of any of them means the gate may have opened.
     opened: Vec<watch::Receiver<u64>>,
+    /// Asked right before taking the Lease; `false` leaves it alone.
+    check: Option<std::sync::Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>>,
 }
+
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl AcquireGate {
     /// A gate that asks `allows` before every acquisition attempt.
@@ -140,7 +150,20 @@ impl AcquireGate {
         AcquireGate {
             allows: std::sync::Arc::new(allows),
             opened: Vec::new(),
+            check: None,
         }
+    }
+
+    /// Asks `check` right before a write that would take the Lease from nobody (vacant,
+    /// expired, or not created yet), never before a renewal: a check that costs an API call is
+    /// made only when its answer can matter.
+    pub fn checked_by<F, Fut>(mut self, check: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        self.check = Some(std::sync::Arc::new(move || Box::pin(check())));
+        self
     }
 
     /// Every change of `opened` means the gate may have opened (call once per signal: a gate
@@ -236,12 +259,9 @@ impl LeaderElector {
         shutdown: CancellationToken,
     ) -> (watch::Receiver<Leadership>, JoinHandle<Result<()>>) {
         let rx = self.tx.subscribe();
-        let span = info_span!(
-            "leader_election",
-            lease = %self.config.name,
-            namespace = %self.config.namespace,
-            identity = %self.config.identity,
-        );
+        // The Lease and its namespace: the driver (and so the Lease) comes from the span of
+        // the caller; the identity is the process's, logged once at start-up.
+        let span = info_span!("leader_election", lease_namespace = %self.config.namespace);
         let handle = tokio::spawn(self.run(shutdown).instrument(span));
         (rx, handle)
     }
@@ -281,6 +301,7 @@ impl LeaderElector {
     /// (the Lease is held by someone else) keeps client-go's pace.
     async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
         let mut error_pause = ERROR_RETRY_MIN;
+        let mut failures = crate::telemetry::Throttle::new(ACQUIRE_LOG_EVERY);
         loop {
             let deadline = Instant::now() + self.config.renew_deadline;
             let allowed = self.gate.as_ref().is_none_or(AcquireGate::allows);
@@ -304,9 +325,19 @@ impl LeaderElector {
                     debug!("successfully acquired lease");
                     return true;
                 }
-                Ok(false) => error_pause = ERROR_RETRY_MIN,
+                Ok(false) => {
+                    error_pause = ERROR_RETRY_MIN;
+                    let failed = failures.succeeded();
+                    if failed > 0 {
+                        info!(failures = failed, "the API server answers again");
+                    }
+                }
                 Err(e) => {
-                    warn!(error = %error_with_root_cause(&e), "failed to acquire lease");
+                    let error = error_with_root_cause(&e);
+                    match failures.failed() {
+                        Some(n) => warn!(error, failures = n, "failed to acquire lease"),
+                        None => debug!(error, "failed to acquire lease"),
+                    }
                     pause = pause.min(error_pause);
                     error_pause = (error_pause * 2)
                         .min(ERROR_RETRY_MAX)
@@ -338,9 +369,10 @@ impl LeaderElector {
                     }
                 };
                 // A gated attempt is repeated the moment the gate may have opened.
+                let closed = self.gate.as_ref().is_some_and(|g| !g.allows());
                 let opened = async {
                     match self.gate.as_mut() {
-                        Some(g) if !allowed && !g.opened.is_empty() => {
+                        Some(g) if closed && !g.opened.is_empty() => {
                             // A signal whose sender is gone never fires again.
                             let signals = g.opened.iter_mut().map(|o| {
                                 Box::pin(async move {
@@ -446,6 +478,9 @@ impl LeaderElector {
 
         // 2. Read the Lease, or create it.
         let Some(lease) = self.read(deadline).await? else {
+            if !self.may_take(deadline).await? {
+                return Ok(false);
+            }
             let record = create_record(&self.config, Timestamp::now());
             self.create(&record, deadline).await?;
             return Ok(true);
@@ -466,12 +501,23 @@ impl LeaderElector {
         }
 
         // 4. Take over (or renew through the slow path) with the resourceVersion we read.
+        if current.holder != self.config.identity && !self.may_take(deadline).await? {
+            return Ok(false);
+        }
         let record = acquire_record(&self.config, &current, Timestamp::now());
         let Some(lease) = self.lease.clone() else {
             return Ok(false);
         };
         self.update(lease, &record, deadline).await?;
         Ok(true)
+    }
+
+    /// What the gate's check says about taking the Lease now (yes without a check).
+    async fn may_take(&self, deadline: Instant) -> Result<bool> {
+        match self.gate.as_ref().and_then(|g| g.check.clone()) {
+            Some(check) => self.timed(deadline, check()).await,
+            None => Ok(true),
+        }
     }
 
     /// Reads the Lease and records its holder, without trying to take it.
@@ -1007,5 +1053,54 @@ mod tests {
                 holder: Some("intruder".into())
             }
         );
+    }
+
+    /// A gate's check (the cross-namespace Lease guard, which costs a LIST) is asked only when
+    /// the Lease is there for the taking: never while another candidate holds it, never for a
+    /// renewal; and a `no` leaves the Lease alone.
+    #[tokio::test(start_paused = true)]
+    async fn the_gates_check_is_asked_only_when_the_lease_is_for_the_taking() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let fake = FakeApi::default();
+        fake.put(&held_by("other", 0));
+        let asked = std::sync::Arc::new(AtomicUsize::new(0));
+        let allow = std::sync::Arc::new(AtomicBool::new(false));
+        let gate = AcquireGate::new(|| true).checked_by({
+            let (asked, allow) = (asked.clone(), allow.clone());
+            move || {
+                asked.fetch_add(1, Ordering::SeqCst);
+                let allow = allow.load(Ordering::SeqCst);
+                async move { allow }
+            }
+        });
+        let elector =
+            LeaderElector::new(Api::namespaced(fake.client(), "default"), fast_config("me"))
+                .expect("valid")
+                .with_acquire_gate(gate);
+        let token = CancellationToken::new();
+        let (mut rx, _handle) = elector.spawn(token.clone());
+        // "other" renews for a while: nothing to take, nothing asked.
+        for i in 0..3 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut lease = stored_lease(&fake).expect("lease");
+            let mut r = stored_record(&fake);
+            r.renew_time = Some(MicroTime(Timestamp::constant(i, 0)));
+            lease.spec = Some(r.to_spec());
+            fake.put(&lease);
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 0);
+        // It stops renewing: once expired, the check is asked, says no, and the Lease stays.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(asked.load(Ordering::SeqCst) >= 1);
+        assert_eq!(stored_record(&fake).holder, "other");
+        assert!(!rx.borrow().is_leading());
+        // It says yes: the Lease is taken, and renewals ask nothing more.
+        allow.store(true, Ordering::SeqCst);
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let after = asked.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(rx.borrow().is_leading());
+        assert_eq!(asked.load(Ordering::SeqCst), after, "renewals ask nothing");
+        token.cancel();
     }
 }

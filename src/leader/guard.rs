@@ -7,24 +7,36 @@
 //! Go sidecar ran with `--leader-election-namespace=kube-system` (or in its pod's namespace) and
 //! attacher-hub elects in its own. The guard lists `external-attacher-leader-<driver>` in every
 //! namespace (one LIST with a field selector on `metadata.name`, answered from the API server's
-//! cache) every retry period and judges each foreign copy by client-go's rule: a Lease whose
-//! record changed less than its lease duration ago, by our own clock, is held (a first sight
-//! counts as a change, so a Lease left behind by a dead holder blocks for at most one lease
-//! duration). Two verdicts follow:
+//! cache) and judges each foreign copy by client-go's rule: a Lease whose record changed less
+//! than its lease duration ago, by our own clock, is held (a first sight counts as a change, so
+//! a Lease left behind by a dead holder blocks for at most one lease duration). Two verdicts
+//! follow:
 //!
-//! * while not leading, a held foreign Lease closes the acquire gate ([`View::allows_acquire`]);
-//! * while leading, a foreign Lease *seen renewing* (its record changed while the guard watched)
-//!   asks the leader to step down ([`View::renewing`]): a Lease merely left over from before
-//!   never costs a working leader its term.
+//! * a candidate about to take the Lease asks first ([`Guard::may_acquire`]): a held foreign
+//!   Lease makes it stand by ([`View::allows_acquire`]);
+//! * a leader steps down for a foreign Lease *seen renewing* (its record changed while the
+//!   guard watched, [`View::renewing`]): a Lease merely left over from before never costs a
+//!   working leader its term.
+//!
+//! It looks only when that can matter ([`Sightings::next_look`]): before an attempt to take the
+//! Lease (a look less than a retry period old is reused), every lease duration while leading
+//! (every retry period while a foreign Lease it has not yet seen renewing is live), and while
+//! blocked, when the blocking Lease would expire. A standby candidate whose Lease another
+//! replica holds never looks. So a hub costs the API server one LIST per led driver per lease
+//! duration (4 a minute at the default 15 s), where a look every retry period for every driver
+//! cost 12 a minute per driver. A leader that another attacher starts next to (one without a
+//! guard, in another namespace) leads beside it for at most a lease duration plus a few retry
+//! periods: the time to see it, then to see it renew.
 //!
 //! Without the RBAC for the cluster-wide list (`list` on `coordination.k8s.io` `leases` in all
 //! namespaces) the guard says so ([`Verdict::Unavailable`]) and the candidate leads as it would
 //! without a guard. A holder whose identity is our own is not foreign: it is this process under
 //! an earlier configuration.
 //!
-//! The decisions are the pure [`Sightings`]; [`Guard`] is the polling shell.
+//! The decisions are the pure [`Sightings`]; [`Guard`] is the shell that lists.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -58,7 +70,9 @@ pub struct Holder {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase", tag = "state")]
 pub enum Verdict {
-    /// No check has completed yet: do not acquire.
+    /// No look has completed yet (a standby candidate whose Lease another replica holds never
+    /// needs one): it looks before an attempt to take the Lease, and until a look works, does
+    /// not take it.
     Pending,
     /// No other namespace holds a Lease of this name: acquire as usual.
     Clear,
@@ -165,6 +179,24 @@ impl Sightings {
         self.seen = next;
     }
 
+    /// The foreign Leases held by someone other than `identity`, each with the instant it
+    /// expires by client-go's rule (its record's lease duration, `fallback` when it states none,
+    /// after the record was first seen).
+    fn held<'a>(
+        &'a self,
+        identity: &'a str,
+        fallback: Duration,
+    ) -> impl Iterator<Item = (&'a String, &'a Sighting, Instant)> + 'a {
+        self.seen.iter().filter_map(move |(namespace, s)| {
+            let holder = &s.record.holder;
+            let duration = u64::try_from(s.record.lease_duration_seconds)
+                .ok()
+                .filter(|secs| *secs > 0)
+                .map_or(fallback, Duration::from_secs);
+            (!holder.is_empty() && holder != identity).then_some((namespace, s, s.at + duration))
+        })
+    }
+
     /// The first (by namespace) foreign Lease held by someone other than `identity` whose
     /// record changed less than its lease duration ago (`fallback` when it states none); with
     /// `renewing`, only one seen changing.
@@ -175,18 +207,49 @@ impl Sightings {
         now: Instant,
         renewing: bool,
     ) -> Option<Holder> {
-        self.seen.iter().find_map(|(namespace, s)| {
-            let holder = &s.record.holder;
-            let duration = u64::try_from(s.record.lease_duration_seconds)
-                .ok()
-                .filter(|secs| *secs > 0)
-                .map_or(fallback, Duration::from_secs);
-            let held = !holder.is_empty() && holder != identity && s.at + duration > now;
-            (held && (s.changed || !renewing)).then(|| Holder {
+        self.held(identity, fallback)
+            .find(|(_, s, expires)| *expires > now && (s.changed || !renewing))
+            .map(|(namespace, s, _)| Holder {
                 namespace: namespace.clone(),
-                holder: holder.clone(),
+                holder: s.record.holder.clone(),
             })
-        })
+    }
+
+    /// When the guard looks next on its own, without an attempt to take the Lease asking
+    /// (`None`: not until one asks); `last` is its last look, `period` the retry period.
+    ///
+    /// * Leading: at once if it never looked, else a lease duration (`fallback`) after the last
+    ///   look, or a retry period after it while a live foreign Lease has not been seen renewing
+    ///   yet (so that a holder that renews is confirmed, and stepped down for, within a few
+    ///   retry periods of being seen).
+    /// * Not leading and blocked: when the first blocking Lease would expire (nothing unblocks
+    ///   earlier), at least a retry period after the last look.
+    /// * Otherwise: never; an attempt to take the Lease asks.
+    pub fn next_look(
+        &self,
+        leading: bool,
+        identity: &str,
+        fallback: Duration,
+        period: Duration,
+        last: Option<Instant>,
+        now: Instant,
+    ) -> Option<Instant> {
+        let live_at = |at: Instant| {
+            self.held(identity, fallback)
+                .filter(move |(_, _, expires)| *expires > at)
+        };
+        if leading {
+            let Some(last) = last else {
+                return Some(now);
+            };
+            let unconfirmed = live_at(now).any(|(_, s, _)| !s.changed);
+            return Some(last + if unconfirmed { period } else { fallback });
+        }
+        // The Leases that blocked at the last look: the verdict stands until the first of them
+        // expires (then a look is due, also if that instant has passed).
+        let last = last?;
+        let first_expiry = live_at(last).map(|(_, _, expires)| expires).min()?;
+        Some(first_expiry.max(last + period))
     }
 
     /// The holder that keeps a candidate (not leading) from acquiring: a foreign Lease held by
@@ -212,8 +275,8 @@ impl Sightings {
     }
 }
 
-/// The view after a failed check: a refused list makes the guard unavailable at once; any other
-/// failure keeps the last view, unless no check has succeeded for `patience` since `since`.
+/// The view after a failed look: a refused list makes the guard unavailable at once; any other
+/// failure keeps the last view, unless every look has failed for `patience` since `since`.
 fn after_failure(
     previous: &View,
     error: &kube::Error,
@@ -247,20 +310,23 @@ fn after_failure(
     previous.clone()
 }
 
-// === the polling shell ======================================================
+// === the shell ==============================================================
 
-/// A running [`Guard`].
-#[derive(Debug)]
-pub struct Running {
-    /// The current view.
-    pub view: watch::Receiver<View>,
-    /// Bumped whenever the view starts allowing acquisition (for [`super::AcquireGate::woken_by`]).
-    pub opened: watch::Receiver<u64>,
-    /// The polling task; it ends when the stop token is cancelled.
-    pub task: JoinHandle<()>,
+/// What a [`Guard`] has seen and when it looked; one look at a time.
+#[derive(Debug, Default)]
+struct Looks {
+    /// The foreign Leases seen.
+    sightings: Sightings,
+    /// The last look (successful or not).
+    last: Option<Instant>,
+    /// Since when every look failed (`None`: the last one worked, or none was made).
+    failing_since: Option<Instant>,
 }
 
-/// Polls the Leases of one name in every namespace and publishes a [`View`].
+/// The cross-namespace Lease guard of one driver for one connection: it looks (one LIST)
+/// before the candidate tries to take the Lease ([`Guard::may_acquire`]), and on its own only
+/// while the candidate leads or is blocked ([`Guard::run`]); see [`Sightings::next_look`] for
+/// the cadence and what it costs.
 #[derive(Debug)]
 pub struct Guard {
     /// Leases in all namespaces (the leader-election client).
@@ -271,15 +337,27 @@ pub struct Guard {
     namespace: String,
     /// The candidate's identity (a Lease it holds is not foreign).
     identity: String,
-    /// Time between checks: the retry period.
+    /// The retry period: how long a look stays fresh for an acquire attempt, and how soon a
+    /// leader looks again at a foreign Lease it has not yet seen renewing.
     period: Duration,
-    /// Lease duration for records that state none; also how long failures may keep the first
-    /// verdict pending.
+    /// Lease duration for records that state none; how often a leader looks; how long failures
+    /// may keep the first verdict pending.
     lease_duration: Duration,
+    /// What it saw; held across a look, so that two askers share one LIST.
+    looks: tokio::sync::Mutex<Looks>,
+    /// The current view.
+    view: watch::Sender<View>,
+    /// Bumped whenever the view stops blocking (for [`super::AcquireGate::woken_by`]).
+    opened: watch::Sender<u64>,
+    /// Whether the candidate leads now (set by its election terms).
+    leading: watch::Sender<bool>,
+    /// LISTs made so far; each one may move the next look of [`Guard::run`].
+    lists: watch::Sender<u64>,
 }
 
 impl Guard {
-    /// A guard of Lease `name` for a candidate electing in `namespace` as `identity`.
+    /// A guard of Lease `name` for a candidate electing in `namespace` as `identity`, with the
+    /// candidate's retry period and lease duration.
     pub fn new(
         api: Api<Lease>,
         name: impl Into<String>,
@@ -287,67 +365,142 @@ impl Guard {
         identity: impl Into<String>,
         period: Duration,
         lease_duration: Duration,
-    ) -> Self {
-        Guard {
+    ) -> Arc<Self> {
+        Arc::new(Guard {
             api,
             name: name.into(),
             namespace: namespace.into(),
             identity: identity.into(),
             period,
             lease_duration,
-        }
+            looks: tokio::sync::Mutex::new(Looks::default()),
+            view: watch::channel(View::pending()).0,
+            opened: watch::channel(0).0,
+            leading: watch::channel(false).0,
+            lists: watch::channel(0).0,
+        })
     }
 
-    /// Checks at once, then every period, until `stop`. Own the task (STYLE rule 9).
-    pub fn spawn(self, stop: CancellationToken) -> Running {
-        let (tx, view) = watch::channel(View::pending());
-        let (opened_tx, opened) = watch::channel(0u64);
-        let span =
-            tracing::info_span!("lease_guard", lease = %self.name, namespace = %self.namespace);
-        Running {
-            view,
-            opened,
-            task: tokio::spawn(self.run(tx, opened_tx, stop).instrument(span)),
-        }
+    /// The current view, and its changes.
+    pub fn view(&self) -> watch::Receiver<View> {
+        self.view.subscribe()
     }
 
-    async fn run(
-        self,
-        tx: watch::Sender<View>,
-        opened: watch::Sender<u64>,
-        stop: CancellationToken,
-    ) {
-        let started = Instant::now();
-        let mut sightings = Sightings::default();
+    /// Changes whenever the view stops blocking (the value itself means nothing).
+    pub fn opened(&self) -> watch::Receiver<u64> {
+        self.opened.subscribe()
+    }
+
+    /// Tells the guard whether the candidate leads now: a leader is looked after on a timer.
+    pub fn set_leading(&self, leading: bool) {
+        self.leading
+            .send_if_modified(|l| std::mem::replace(l, leading) != leading);
+    }
+
+    /// The LISTs made so far (what the guard costs the API server).
+    pub fn lists(&self) -> u64 {
+        *self.lists.borrow()
+    }
+
+    /// Asked before an attempt to take the Lease: whether no other holder keeps a Lease of the
+    /// name in another namespace. Looks unless it looked less than a retry period ago.
+    pub async fn may_acquire(&self) -> bool {
+        let mut looks = self.looks.lock().await;
+        let fresh = looks.last.is_some_and(|l| Instant::now() < l + self.period);
+        let view = if fresh {
+            self.view.borrow().clone()
+        } else {
+            self.look(&mut looks).await
+        };
+        view.allows_acquire()
+    }
+
+    /// Starts [`Guard::run`] in a task instrumented with the Lease. Own the handle (STYLE
+    /// rule 9).
+    pub fn spawn(self: &Arc<Self>, stop: CancellationToken) -> JoinHandle<()> {
+        // The driver (and so the Lease) comes from the caller's span.
+        let span = tracing::info_span!("lease_guard");
+        tokio::spawn(self.clone().run(stop).instrument(span))
+    }
+
+    /// Looks on its own when [`Sightings::next_look`] says so (while leading, or blocked), until
+    /// `stop`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut leading = self.leading.subscribe();
+        let mut looked = self.lists.subscribe();
         loop {
-            let now = Instant::now();
-            let previous = tx.borrow().clone();
-            let listed = tokio::select! {
-                () = stop.cancelled() => return,
-                listed = self.list() => listed,
+            let due = {
+                let looks = self.looks.lock().await;
+                looked.mark_unchanged();
+                self.next_look(&looks, *leading.borrow_and_update())
             };
-            let next = match listed {
-                Ok(listed) => {
-                    sightings.observe(listed, now);
-                    sightings.view(&self.identity, self.lease_duration, Instant::now())
+            let wait = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
                 }
-                Err(e) => after_failure(&previous, &e, started, self.lease_duration, now),
             };
-            self.report(&previous, &next);
-            let opens = !previous.allows_acquire() && next.allows_acquire();
-            tx.send_if_modified(|v| {
-                let changed = *v != next;
-                *v = next;
-                changed
-            });
-            if opens {
-                opened.send_modify(|n| *n = n.wrapping_add(1));
-            }
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(self.period) => {}
+                _ = leading.changed() => continue,
+                _ = looked.changed() => continue,
+                () = wait => {}
+            }
+            let mut looks = self.looks.lock().await;
+            // An acquire attempt may have looked meanwhile.
+            if self
+                .next_look(&looks, *self.leading.borrow())
+                .is_some_and(|at| at <= Instant::now())
+            {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = self.look(&mut looks) => {}
+                }
             }
         }
+    }
+
+    fn next_look(&self, looks: &Looks, leading: bool) -> Option<Instant> {
+        looks.sightings.next_look(
+            leading,
+            &self.identity,
+            self.lease_duration,
+            self.period,
+            looks.last,
+            Instant::now(),
+        )
+    }
+
+    /// One look: lists the Leases of the name, judges them and publishes the view.
+    async fn look(&self, looks: &mut Looks) -> View {
+        let now = Instant::now();
+        let previous = self.view.borrow().clone();
+        let next = match self.list().await {
+            Ok(listed) => {
+                looks.failing_since = None;
+                looks.sightings.observe(listed, now);
+                looks
+                    .sightings
+                    .view(&self.identity, self.lease_duration, Instant::now())
+            }
+            Err(e) => {
+                let since = *looks.failing_since.get_or_insert(now);
+                after_failure(&previous, &e, since, self.lease_duration, now)
+            }
+        };
+        looks.last = Some(Instant::now());
+        self.lists.send_modify(|n| *n += 1);
+        self.report(&previous, &next);
+        let opens = previous.blocked_by().is_some() && next.blocked_by().is_none();
+        self.view.send_if_modified(|v| {
+            let changed = *v != next;
+            *v = next.clone();
+            changed
+        });
+        if opens {
+            self.opened.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        next
     }
 
     /// The foreign Leases of the name: namespace and record.
@@ -598,5 +751,175 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} missing from: {text}");
         }
+    }
+
+    const PERIOD: Duration = Duration::from_secs(5);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_looks_every_lease_duration_and_every_retry_period_at_an_unconfirmed_lease() {
+        let mut s = Sightings::default();
+        let t0 = Instant::now();
+        // Leading, never looked: at once.
+        assert_eq!(
+            s.next_look(true, "hub-1", LEASE, PERIOD, None, t0),
+            Some(t0)
+        );
+        // Nothing foreign: a lease duration on.
+        s.observe(Vec::new(), t0);
+        assert_eq!(
+            s.next_look(true, "hub-1", LEASE, PERIOD, Some(t0), t0),
+            Some(t0 + LEASE)
+        );
+        // A foreign holder seen once (a leftover, or a newcomer): a retry period on, to see
+        // whether it renews.
+        s.observe(listed(&[("kube-system", record("go-1", 100))]), t0);
+        assert_eq!(
+            s.next_look(true, "hub-1", LEASE, PERIOD, Some(t0), t0),
+            Some(t0 + PERIOD)
+        );
+        // Seen renewing: the leader steps down; while it leads, a lease duration on.
+        tokio::time::advance(PERIOD).await;
+        let t1 = Instant::now();
+        s.observe(listed(&[("kube-system", record("go-1", 105))]), t1);
+        assert!(s.renewing("hub-1", LEASE, t1).is_some());
+        assert_eq!(
+            s.next_look(true, "hub-1", LEASE, PERIOD, Some(t1), t1),
+            Some(t1 + LEASE)
+        );
+        // Our own or a vacant Lease elsewhere is nothing to confirm.
+        let mut own = Sightings::default();
+        own.observe(
+            listed(&[("a", record("hub-1", 1)), ("b", record("", 1))]),
+            t1,
+        );
+        assert_eq!(
+            own.next_look(true, "hub-1", LEASE, PERIOD, Some(t1), t1),
+            Some(t1 + LEASE)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_candidate_looks_only_when_asked_or_when_what_blocks_it_expires() {
+        let mut s = Sightings::default();
+        let t0 = Instant::now();
+        assert_eq!(s.next_look(false, "hub-1", LEASE, PERIOD, None, t0), None);
+        s.observe(Vec::new(), t0);
+        assert_eq!(
+            s.next_look(false, "hub-1", LEASE, PERIOD, Some(t0), t0),
+            None
+        );
+        // Blocked: when the blocking Lease would expire.
+        s.observe(listed(&[("kube-system", record("go-1", 100))]), t0);
+        assert_eq!(
+            s.next_look(false, "hub-1", LEASE, PERIOD, Some(t0), t0),
+            Some(t0 + LEASE)
+        );
+        // A Lease stating a short duration: not sooner than a retry period after the last look.
+        let mut short = record("go-2", 100);
+        short.lease_duration_seconds = 1;
+        s.observe(listed(&[("b", short)]), t0);
+        assert_eq!(
+            s.next_look(false, "hub-1", LEASE, PERIOD, Some(t0), t0),
+            Some(t0 + PERIOD)
+        );
+        // Expired since the last look: due (the verdict is stale); once a look has seen it
+        // expired, nothing to wait for.
+        tokio::time::advance(LEASE).await;
+        let now = Instant::now();
+        assert_eq!(
+            s.next_look(false, "hub-1", LEASE, PERIOD, Some(t0), now),
+            Some(t0 + PERIOD)
+        );
+        assert_eq!(
+            s.next_look(false, "hub-1", LEASE, PERIOD, Some(now), now),
+            None
+        );
+    }
+
+    fn stored_lease(namespace: &str, holder: &str, renewed: i64) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.name = Some("external-attacher-leader-d".into());
+        lease.metadata.namespace = Some(namespace.into());
+        lease.spec = Some(record(holder, renewed).to_spec());
+        lease
+    }
+
+    fn guard_on(api: &crate::fake_api::FakeApi) -> Arc<Guard> {
+        Guard::new(
+            Api::all(api.client()),
+            "external-attacher-leader-d",
+            "attacher-hub",
+            "hub-1",
+            PERIOD,
+            LEASE,
+        )
+    }
+
+    /// What the guard costs: a standby candidate whose Lease another replica holds never
+    /// lists; an attempt to take the Lease lists once (a second attempt within a retry period
+    /// reuses the look); a leader lists once per lease duration, where a look every retry
+    /// period cost three times as much.
+    #[tokio::test(start_paused = true)]
+    async fn the_guard_lists_before_taking_the_lease_and_once_per_lease_duration_while_leading() {
+        let api = crate::fake_api::FakeApi::default();
+        api.put(&stored_lease("attacher-hub", "hub-2", 1));
+        let guard = guard_on(&api);
+        let stop = CancellationToken::new();
+        let task = guard.spawn(stop.clone());
+        tokio::time::sleep(LEASE * 4).await;
+        assert_eq!(
+            guard.lists(),
+            0,
+            "a standby candidate that does not try never looks"
+        );
+
+        assert!(guard.may_acquire().await);
+        assert!(guard.may_acquire().await);
+        assert_eq!(guard.lists(), 1, "a second attempt reuses a fresh look");
+        assert_eq!(
+            *guard.view().borrow(),
+            View {
+                verdict: Verdict::Clear,
+                renewing: None
+            }
+        );
+
+        guard.set_leading(true);
+        tokio::time::sleep(LEASE * 4 + Duration::from_millis(100)).await;
+        assert_eq!(
+            guard.lists(),
+            1 + 4,
+            "one look per lease duration while leading"
+        );
+        guard.set_leading(false);
+        tokio::time::sleep(LEASE * 4).await;
+        assert_eq!(guard.lists(), 5);
+        stop.cancel();
+        task.await.expect("the guard ends on stop");
+    }
+
+    /// A holder in another namespace blocks an attempt to take the Lease; the guard then looks
+    /// when that Lease would expire, and lets the candidate try again once it has.
+    #[tokio::test(start_paused = true)]
+    async fn a_blocked_candidate_is_let_go_when_the_other_lease_expires() {
+        let api = crate::fake_api::FakeApi::default();
+        api.put(&stored_lease("kube-system", "go-1", 1));
+        let guard = guard_on(&api);
+        let mut opened = guard.opened();
+        let stop = CancellationToken::new();
+        let task = guard.spawn(stop.clone());
+        assert!(!guard.may_acquire().await);
+        assert_eq!(
+            guard.view().borrow().blocked_by(),
+            Some(&holder("kube-system", "go-1"))
+        );
+        let blocked = Instant::now();
+        opened.changed().await.expect("the guard opens");
+        assert!(blocked.elapsed() >= LEASE && blocked.elapsed() < LEASE + PERIOD);
+        assert_eq!(guard.view().borrow().verdict, Verdict::Clear);
+        assert_eq!(guard.lists(), 2);
+        assert!(guard.may_acquire().await);
+        stop.cancel();
+        task.await.expect("the guard ends on stop");
     }
 }

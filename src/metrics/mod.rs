@@ -7,9 +7,11 @@
 //! * [`csi`] — `csi_sidecar_operations_seconds`, one sample per CSI call;
 //! * [`hub`] — the per-driver series of the hub (queues, leadership, health, latency, budgets);
 //! * [`api`] — what an API budget reports, and its series;
-//! * [`connection`] — the connection to the API server (dials, health PINGs, dead connections).
+//! * [`connection`] — the connection to the API server (dials, health PINGs, dead connections);
+//! * [`config`] — the driver list's reloads.
 
 pub mod api;
+pub mod config;
 pub mod connection;
 pub mod csi;
 pub mod hub;

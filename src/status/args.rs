@@ -12,8 +12,8 @@ use clap::{Parser, ValueEnum};
     about = "Show the drivers of a running attacher-hub: state, Lease holder, queue depths, \
              attached VolumeAttachments and last error",
     after_help = "Exactly one of --address and --pod. VolumeAttachments are counted per driver \
-                  (ATTACHED: attached/total) with --pod, or with --address when --kubeconfig is \
-                  given."
+                  (ATTACHED: attached/total) whenever a Kubernetes configuration is found \
+                  (--kubeconfig, $KUBECONFIG, ~/.kube/config or the pod's service account)."
 )]
 pub struct Args {
     /// The hub's HTTP endpoint (--http-endpoint): http://host:port, host:port or :port
@@ -29,9 +29,9 @@ pub struct Args {
     /// The pod's HTTP port (--http-endpoint).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// kubeconfig for --pod and for counting VolumeAttachments (default: $KUBECONFIG,
-    /// ~/.kube/config, else the in-cluster configuration; with --address, VolumeAttachments are
-    /// counted only when this is given).
+    /// kubeconfig for --pod and for counting VolumeAttachments (default, as kubectl:
+    /// $KUBECONFIG, ~/.kube/config, else the in-cluster configuration; with --address and none
+    /// of them, VolumeAttachments are not counted).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Count only VolumeAttachments with these labels (a label selector, as kubectl's -l).
@@ -72,7 +72,7 @@ pub enum Output {
 fn parse_duration(value: &str) -> Result<Duration, String> {
     match crate::cli::parse_go_duration(value) {
         Ok(ns) if ns > 0 => Ok(Duration::from_nanos(ns.unsigned_abs())),
-        Ok(_) => Err(format!("{value:?} must be greater than zero")),
+        Ok(_) => Err(format!("must be greater than zero, not {value}")),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -71,27 +71,31 @@ pub(crate) fn authority(address: &str) -> Result<String, Error> {
         .rsplit_once(':')
         .ok_or_else(|| bad("no port: expected http://host:port, host:port or :port"))?;
     if port.parse::<u16>().map_or(true, |p| p == 0) {
-        return Err(bad("the port is not a number from 1 to 65535"));
+        return Err(bad("the port must be a number from 1 to 65535"));
     }
     let host = if host.is_empty() { "127.0.0.1" } else { host };
     Ok(format!("{host}:{port}"))
 }
 
-/// The API server path of `/drivers` of a pod, through the pod proxy.
-pub fn pod_proxy_path(namespace: &str, pod: &str, port: u16) -> String {
-    format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/drivers")
+/// The API server path of a pod's document `path` (`/drivers`, `/config`), through the pod
+/// proxy.
+pub fn pod_proxy_path(namespace: &str, pod: &str, port: u16, path: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy{path}")
 }
 
 pub(crate) async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, Error> {
-    let config = crate::k8s::client::kube_config(kubeconfig.map(PathBuf::as_path))
-        .await
-        .map_err(Error::KubeConfig)?;
+    let config = crate::k8s::client::kube_config(
+        kubeconfig.map(PathBuf::as_path),
+        crate::k8s::client::Search::KubeconfigFirst,
+    )
+    .await
+    .map_err(|e| Error::KubeConfig(e.into()))?;
     kube::Client::try_from(config).map_err(|e| Error::KubeConfig(e.into()))
 }
 
-/// GET `http://<authority>/drivers` with hyper's HTTP/1 client.
-async fn get_direct(authority: &str) -> Result<Bytes, Error> {
-    let url = format!("http://{authority}/drivers");
+/// GET `http://<authority><path>` with hyper's HTTP/1 client.
+async fn get_direct(authority: &str, path: &str) -> Result<Bytes, Error> {
+    let url = format!("http://{authority}{path}");
     let http = |e: Box<dyn std::error::Error + Send + Sync>| Error::Http {
         url: url.clone(),
         source: e,
@@ -108,7 +112,7 @@ async fn get_direct(authority: &str) -> Result<Bytes, Error> {
         // any, is the request's too.
         let _ = conn.await;
     });
-    let request = http::Request::get("/drivers")
+    let request = http::Request::get(path)
         .header(http::header::HOST, authority)
         .header(http::header::CONNECTION, "close")
         .body(Empty::<Bytes>::new())
@@ -136,15 +140,23 @@ async fn get_direct(authority: &str) -> Result<Bytes, Error> {
 }
 
 async fn get_drivers(source: &Source) -> Result<Vec<Value>, Error> {
+    get_document(source, "/drivers").await
+}
+
+/// A JSON document of the hub at `path` (`/drivers`, `/config`).
+async fn get_document<T: serde::de::DeserializeOwned>(
+    source: &Source,
+    path: &str,
+) -> Result<T, Error> {
     let (url, body) = match source {
-        Source::Direct { authority } => (source.describe(), get_direct(authority).await?),
+        Source::Direct { authority } => (source.describe(), get_direct(authority, path).await?),
         Source::Pod {
             client,
             namespace,
             pod,
             port,
         } => {
-            let request = http::Request::get(pod_proxy_path(namespace, pod, *port))
+            let request = http::Request::get(pod_proxy_path(namespace, pod, *port, path))
                 .body(Vec::new())
                 .map_err(|e| Error::Http {
                     url: source.describe(),
@@ -195,11 +207,25 @@ pub(crate) struct Snapshot {
     pub(crate) drivers: Vec<Value>,
     /// VolumeAttachments per driver, when counted.
     pub(crate) counts: Option<BTreeMap<String, Counts>>,
+    /// The `/config` document, when the hub serves one (older hubs do not).
+    pub(crate) config: Option<Value>,
+    /// Why VolumeAttachments were not counted with a configuration found by the usual search.
+    pub(crate) uncounted: Option<String>,
+}
+
+/// Who counts the VolumeAttachments.
+pub(crate) struct Counter {
+    /// A client of the API server.
+    pub(crate) client: kube::Client,
+    /// Found by the usual search rather than asked for (`--kubeconfig`, `--pod`): when it
+    /// cannot count, the table goes without counts (as it would without any configuration)
+    /// instead of failing, and says why.
+    pub(crate) implicit: bool,
 }
 
 pub(crate) async fn snapshot(
     source: &Source,
-    counter: Option<&kube::Client>,
+    counter: Option<&Counter>,
     args: &Args,
 ) -> Result<Snapshot, Error> {
     let timeout = args.request_timeout;
@@ -207,15 +233,38 @@ pub(crate) async fn snapshot(
     let drivers = tokio::time::timeout(timeout, get_drivers(source))
         .await
         .map_err(|_| within(source.describe()))??;
+    let mut uncounted = None;
     let counts = match counter {
-        Some(client) => Some(
-            tokio::time::timeout(timeout, count_attachments(client, args.selector.as_deref()))
-                .await
-                .map_err(|_| within("listing VolumeAttachments".to_string()))??,
-        ),
+        Some(counter) => {
+            let counted = tokio::time::timeout(
+                timeout,
+                count_attachments(&counter.client, args.selector.as_deref()),
+            )
+            .await
+            .map_err(|_| within("listing VolumeAttachments".to_string()))
+            .and_then(|r| r);
+            match counted {
+                Ok(counts) => Some(counts),
+                Err(e) if counter.implicit => {
+                    uncounted = Some(crate::telemetry::error_chain(&e));
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        }
         None => None,
     };
-    Ok(Snapshot { drivers, counts })
+    let config = tokio::time::timeout(timeout, get_document::<Value>(source, "/config"))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .filter(|c| c.is_object());
+    Ok(Snapshot {
+        drivers,
+        counts,
+        config,
+        uncounted,
+    })
 }
 
 #[cfg(test)]
@@ -239,7 +288,7 @@ mod tests {
             assert!(e.starts_with(&format!("--address {bad:?}: ")), "{e}");
         }
         assert_eq!(
-            pod_proxy_path("ns", "hub-0", 8080),
+            pod_proxy_path("ns", "hub-0", 8080, "/drivers"),
             "/api/v1/namespaces/ns/pods/hub-0:8080/proxy/drivers"
         );
     }

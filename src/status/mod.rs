@@ -34,11 +34,23 @@ pub use fetch::pod_proxy_path;
 pub use table::{Counts, Row, count, render_json, render_table, rows};
 
 use crate::telemetry::error_chain as chain;
-use fetch::{Snapshot, Source, authority, kube_client, snapshot};
+use fetch::{Counter, Snapshot, Source, authority, kube_client, snapshot};
 
 fn render(snapshot: &Snapshot, output: Output) -> String {
     match output {
-        Output::Table => render_table(&rows(&snapshot.drivers, snapshot.counts.as_ref())),
+        Output::Table => {
+            let mut text = render_table(&rows(&snapshot.drivers, snapshot.counts.as_ref()));
+            if let Some(note) = snapshot.config.as_ref().and_then(table::reload_note) {
+                text.push_str(&note);
+            }
+            if let Some(why) = &snapshot.uncounted {
+                text.push_str(&format!(
+                    "\nVolumeAttachments not counted (the Kubernetes configuration found by \
+                     default does not answer; give --kubeconfig): {why}\n"
+                ));
+            }
+            text
+        }
         Output::Json => render_json(&snapshot.drivers, snapshot.counts.as_ref()),
     }
 }
@@ -84,9 +96,17 @@ async fn run(args: Args) -> Result<u8, Error> {
     };
     let (source, counter) = match (&args.address, &args.pod) {
         (Some(address), _) => {
+            // As kubectl: --kubeconfig, else $KUBECONFIG or ~/.kube/config (or the pod's
+            // service account); without any, the table has no ATTACHED counts.
             let counter = match &args.kubeconfig {
-                Some(path) => Some(kube_client(Some(path)).await?),
-                None => None,
+                Some(path) => Some(Counter {
+                    client: kube_client(Some(path)).await?,
+                    implicit: false,
+                }),
+                None => kube_client(None).await.ok().map(|client| Counter {
+                    client,
+                    implicit: true,
+                }),
             };
             (
                 Source::Direct {
@@ -103,7 +123,13 @@ async fn run(args: Args) -> Result<u8, Error> {
                 port: args.port,
                 client: client.clone(),
             };
-            (source, Some(client))
+            (
+                source,
+                Some(Counter {
+                    client,
+                    implicit: false,
+                }),
+            )
         }
         // clap requires one of the two.
         (None, None) => {

@@ -64,7 +64,9 @@ pub fn rows(drivers: &[Value], counts: Option<&BTreeMap<String, Counts>>) -> Vec
     drivers
         .iter()
         .map(|d| {
-            let name = text(&d["name"]);
+            // The name the driver reported, else the one configured for its socket (a driver
+            // not connected yet), else its socket.
+            let name = text(&d["name"]).or_else(|| text(&d["configuredName"]));
             let queues = ["attach", "detach", "pv"].map(|q| d["queues"][q]["depth"].as_u64());
             Row {
                 driver: name
@@ -97,6 +99,33 @@ pub fn rows(drivers: &[Value], counts: Option<&BTreeMap<String, Counts>>) -> Vec
             }
         })
         .collect()
+}
+
+/// A note for a rejected reload of the driver file (`/config` of the hub), with when it
+/// happened, why, and what it means; `None` when the last reload was applied or there was none.
+pub fn reload_note(config: &Value) -> Option<String> {
+    let last = &config["lastReload"];
+    if last["successful"].as_bool() != Some(false) {
+        return None;
+    }
+    let path = config["path"].as_str().unwrap_or("the driver file");
+    let age = |key: &Value| {
+        key.as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .and_then(|t| {
+                k8s_openapi::jiff::Timestamp::now()
+                    .duration_since(t)
+                    .try_into()
+                    .ok()
+            })
+            .map_or_else(|| "?".to_string(), |d| format!("{} ago", short_age(d)))
+    };
+    Some(format!(
+        "\nconfig: the reload of {path} {} was REJECTED; the drivers loaded {} keep running, but a restarted replica would exit on this file: {}\n",
+        age(&last["time"]),
+        age(&config["loadedTime"]),
+        last["error"].as_str().unwrap_or("?")
+    ))
 }
 
 /// The table: a header, one row per driver, then notes (reasons of failed
@@ -459,6 +488,46 @@ pub(crate) mod tests {
         assert_eq!(short_age(std::time::Duration::from_secs(42)), "42s");
         assert_eq!(short_age(std::time::Duration::from_secs(3 * 3600)), "3h");
         assert_eq!(short_age(std::time::Duration::from_secs(3 * 86_400)), "3d");
+    }
+
+    #[test]
+    fn a_driver_not_connected_yet_is_named_from_the_config_else_by_its_socket() {
+        let mut configured = entry("x", "connecting", None, [0, 0, 0]);
+        configured["name"] = Value::Null;
+        configured["configuredName"] = json!("pd.csi.storage.gke.io");
+        let mut bare = entry("y", "connecting", None, [0, 0, 0]);
+        bare["name"] = Value::Null;
+        let rows = rows(&[configured, bare], None);
+        assert_eq!(rows[0].driver, "pd.csi.storage.gke.io");
+        assert_eq!(rows[1].driver, "unix:///csi/y.sock");
+    }
+
+    #[test]
+    fn a_rejected_reload_is_a_note_with_its_age_and_cause_and_an_applied_one_is_not() {
+        let ago = |s: i64| {
+            (k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(s))
+                .to_string()
+        };
+        let rejected = json!({
+            "path": "/etc/attacher-hub/drivers.yaml",
+            "loadedTime": ago(7_300),
+            "lastReload": {"time": ago(300), "successful": false,
+                           "error": "drivers.yaml:6:5: drivers[1].timeout: invalid duration"},
+        });
+        let note = reload_note(&rejected).expect("a note");
+        assert!(
+            note.contains("/etc/attacher-hub/drivers.yaml 5m ago was REJECTED")
+                && note.contains("loaded 2h ago")
+                && note.ends_with("drivers.yaml:6:5: drivers[1].timeout: invalid duration\n"),
+            "{note}"
+        );
+        let mut applied = rejected.clone();
+        applied["lastReload"] = json!({"time": ago(1), "successful": true, "error": null});
+        assert_eq!(reload_note(&applied), None);
+        assert_eq!(
+            reload_note(&json!({"path": null, "lastReload": null})),
+            None
+        );
     }
 
     #[test]

@@ -439,14 +439,15 @@ impl FHub {
 
     /// Waits until the hub has logged the start of at least `n` calls of CSI
     /// `method` (`ControllerPublishVolume`, `ControllerUnpublishVolume`; the
-    /// debug line written just before each call, so needs `-v=2` or more).
+    /// debug line written just before each call, so needs `-v=2` or more: klog's header, then
+    /// the message `"ControllerPublishVolume"` and the driver's fields).
     pub(crate) async fn wait_calls_started(
         &mut self,
         method: &str,
         n: usize,
         timeout: Duration,
     ) -> Result<(), String> {
-        let needle = format!("csi_handler: {method} volume=");
+        let needle = format!("] \"{method}\" driver=");
         self.process.wait_for_output(&needle, n, timeout).await
     }
 

@@ -42,3 +42,45 @@ impl Drop for KeyGuard<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn entries(locks: &KeyLocks) -> usize {
+        locks.0.lock().len()
+    }
+
+    /// A key is worked on by one worker at a time; other keys are free; the entry goes with the
+    /// last holder, also when a waiter gives up (a worker aborted while it waited).
+    #[tokio::test(start_paused = true)]
+    async fn a_key_is_held_once_at_a_time_and_its_entry_goes_with_the_last_holder() {
+        let locks = Arc::new(KeyLocks::default());
+        let first = locks.lock("va").await;
+        drop(locks.lock("other").await);
+        assert_eq!(entries(&locks), 1, "a free key leaves nothing behind");
+
+        let second = tokio::spawn({
+            let locks = locks.clone();
+            async move {
+                let _held = locks.lock("va").await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        let third = tokio::spawn({
+            let locks = locks.clone();
+            async move {
+                let _held = locks.lock("va").await;
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!second.is_finished() && !third.is_finished(), "both wait");
+        third.abort();
+        assert!(third.await.expect_err("aborted").is_cancelled());
+        drop(first);
+        second.await.expect("the second holder");
+        assert_eq!(entries(&locks), 0);
+    }
+}

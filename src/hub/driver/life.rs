@@ -3,7 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::Instrument;
 
 use super::{
@@ -39,12 +39,19 @@ impl Driver {
     pub async fn run(self: Arc<Self>, shared: Arc<Shared>, stop: CancellationToken) {
         let mut backoff = RESTART_BACKOFF_START;
         loop {
+            let started = tokio::time::Instant::now();
             let outcome = self.clone().run_once(&shared, &stop).await;
             if let Some(name) = self.name() {
                 shared.names.unregister(&name, &self);
                 // The Lease feed served every term of this connection; a new connection (maybe
                 // to a driver of another name) starts a new one.
                 shared.lease_feeds.remove(&crate::names::lease_name(&name));
+            }
+            // A life that lasted starts the next one at the first pause again; a socket that
+            // accepts and drops connections at once, or a step that keeps failing, is retried
+            // ever more slowly, never in a hot loop.
+            if started.elapsed() >= RESTART_BACKOFF_MAX {
+                backoff = RESTART_BACKOFF_START;
             }
             match outcome {
                 Outcome::Stopped => {
@@ -58,22 +65,20 @@ impl Driver {
                         let _ = std::fs::write(TERMINATION_LOG, msg);
                         std::process::exit(1);
                     }
-                    tracing::warn!("lost connection to the CSI driver; reconnecting");
+                    tracing::warn!(pause = ?backoff, "lost connection to the CSI driver; reconnecting");
                     self.record_error(None, "lost connection to the CSI driver".into());
-                    backoff = RESTART_BACKOFF_START;
+                    self.set_state(State::Connecting);
                 }
-                Outcome::Failed(reason) => {
-                    self.set_state(State::Failed { reason });
-                    tokio::select! {
-                        () = stop.cancelled() => {
-                            self.set_state(State::Stopped);
-                            return;
-                        }
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
-                }
+                Outcome::Failed(reason) => self.set_state(State::Failed { reason }),
             }
+            tokio::select! {
+                () = stop.cancelled() => {
+                    self.set_state(State::Stopped);
+                    return;
+                }
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
         }
     }
 
@@ -81,7 +86,9 @@ impl Driver {
         self.set_state(State::Connecting);
         let connection = tokio::select! {
             () = stop.cancelled() => return Outcome::Stopped,
-            c = Connection::connect(self.settings.address.clone(), None) => match c {
+            c = Connection::connect_reporting(self.settings.address.clone(), None, |cause| {
+                self.record_error(None, cause.to_owned());
+            }) => match c {
                 Ok(c) => c,
                 Err(e) => return Outcome::Failed(e.to_string()),
             },
@@ -135,8 +142,11 @@ impl Driver {
         if let Err(reason) = shared.names.register(&name, &self) {
             return Outcome::Failed(reason);
         }
-        let span = tracing::info_span!("driver", driver = %name);
-        tracing::info!(parent: &span, ?caps, "driver ready");
+        tracing::Span::current().record("driver", name.as_str());
+        // Connected and named: the socket is said once here; the lines of its terms, workers,
+        // Lease and guard name the driver only.
+        let span = tracing::info_span!(parent: None, "driver", driver = %name);
+        tracing::info!(parent: &span, socket = %self.settings.address, capabilities = %caps, "driver ready");
         self.clone()
             .serve(shared, stop, &name, caps, client, losses)
             .instrument(span)
@@ -158,24 +168,26 @@ impl Driver {
         mut losses: tokio::sync::watch::Receiver<u64>,
     ) -> Outcome {
         let handler = Arc::new(self.build_handler(shared, name, caps, client));
+        *self.connected.write() = Some(handler.clone());
         let guard_stop = stop.child_token();
         let (mut feed, guard_task) = match &self.settings.leader_election {
             Some(le) => {
-                let running = Guard::new(
+                let guard = Guard::new(
                     kube::Api::all(shared.leader_client.clone()),
                     crate::names::lease_name(name),
                     le.namespace.clone(),
                     le.identity.clone(),
                     le.retry_period,
                     le.lease_duration,
-                )
-                .spawn(guard_stop.clone());
-                *self.lease_guard.write() = Some(running.view.clone());
+                );
+                // Aborted with this future, like the elector (a panic in the driver's task).
+                let task = AbortOnDropHandle::new(guard.spawn(guard_stop.clone()));
+                *self.lease_guard.write() = Some(guard.view());
                 let feed = GuardFeed {
-                    view: running.view,
-                    opened: running.opened,
+                    view: guard.view(),
+                    guard,
                 };
-                (Some(feed), Some(running.task))
+                (Some(feed), Some(task))
             }
             None => (None, None),
         };
@@ -229,6 +241,7 @@ impl Driver {
             tracing::warn!(error = %e, "the lease guard task failed");
         }
         *self.lease_guard.write() = None;
+        *self.connected.write() = None;
         outcome
     }
 
@@ -267,5 +280,145 @@ impl Driver {
             tracing::info!("driver does not attach; using the trivial handler");
             Handler::Trivial(TrivialHandler::new(writer))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::hub::driver::rig::{self, Rig};
+
+    /// A socket that accepts every connection and closes it at once (a driver crash-looping
+    /// behind a socket that stays): the driver reconnects after growing pauses (1 s, 2 s, ...),
+    /// never in a hot loop.
+    #[tokio::test]
+    async fn a_socket_that_drops_every_connection_is_retried_after_growing_pauses() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("csi.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        // Each connection: read the client's HTTP/2 preface, answer with an empty SETTINGS
+        // frame (so the client's handshake succeeds), then close.
+        let server = AbortOnDropHandle::new(tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut preface = [0u8; 24];
+                let _ = stream.read_exact(&mut preface).await;
+                let _ = stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await;
+                drop(stream);
+            }
+        }));
+        let mut settings = rig::settings(false);
+        settings.address = path.to_str().expect("UTF-8").parse().expect("a path");
+        let rig = Rig::with(settings);
+        let stop = CancellationToken::new();
+        let life = tokio::spawn(rig.driver.clone().run(rig.hub.shared.clone(), stop.clone()));
+        // Lives start at about 0 s, 1 s and 3 s: two within 2.5 s (each may dial a few times:
+        // the channel re-dials on its own), where reconnecting at once made hundreds.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        stop.cancel();
+        life.await.expect("the driver's life ends on stop");
+        drop(server);
+        let n = accepted.load(Ordering::SeqCst);
+        assert!(
+            (1..=10).contains(&n),
+            "{n} connections in 2.5 s: reconnected without a pause"
+        );
+        assert_eq!(rig.driver.state(), State::Stopped);
+    }
+
+    /// The handler remembers each `attached: true` it wrote (so that a stale copy from the
+    /// watch does not publish again) until the VA goes. A VA deleted while this replica stands
+    /// by must be forgotten too, or the memory grows for as long as the connection lasts.
+    #[tokio::test(start_paused = true)]
+    async fn a_va_deleted_while_standing_by_is_forgotten_by_the_handler() {
+        use crate::controller::fixtures::{DRIVER, csi_spec, csinode, lean_va, now, pv, va};
+        use k8s_openapi::api::coordination::v1::Lease;
+        use k8s_openapi::api::storage::v1::VolumeAttachment;
+
+        let mut rig = Rig::new(true);
+        let csi = crate::csi::fake::FakeCsi::new(DRIVER);
+        let stored = rig.api.put(&pv("pv1", csi_spec(&["ReadWriteOnce"])));
+        rig.caches.apply_pv(&stored);
+        rig.caches.apply_csinode(&csinode(&[(DRIVER, "id-1")]));
+        let mut added = va(Some("pv1"));
+        added.metadata.uid = Some("uid-1".into());
+        added.metadata.creation_timestamp = Some(now());
+        let added = rig.api.put(&added);
+        rig.caches.apply_va(&added);
+
+        let caps = Capabilities {
+            controller_service: true,
+            publish_unpublish: true,
+            ..Capabilities::default()
+        };
+        let (_loss, losses) = tokio::sync::watch::channel(0u64);
+        let stop = CancellationToken::new();
+        let life = tokio::spawn({
+            let (driver, shared, stop, client) = (
+                rig.driver.clone(),
+                rig.hub.shared.clone(),
+                stop.clone(),
+                csi.client().await,
+            );
+            async move {
+                driver
+                    .serve(&shared, &stop, DRIVER, caps, client, losses)
+                    .await
+            }
+        });
+        let eventually = async |what: &str, done: &dyn Fn() -> bool| {
+            for _ in 0..10_000 {
+                if done() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("{what} did not happen");
+        };
+        let attached = || {
+            rig.api
+                .get::<VolumeAttachment>(None, "va")
+                .and_then(|v| v.status)
+                .is_some_and(|s| s.attached)
+        };
+        eventually("the attach", &attached).await;
+        let remembers = || match rig.driver.handler().as_deref() {
+            Some(crate::controller::Handler::Csi(h)) => h.remembers("va"),
+            _ => panic!("no CSI handler at work"),
+        };
+        assert!(remembers(), "our attached: true is remembered");
+
+        // Another holder takes the Lease: this replica stands by.
+        let lease_name = crate::names::lease_name(DRIVER);
+        let set_holder = |holder: &str| {
+            let mut lease: Lease = rig
+                .api
+                .get(Some("default"), &lease_name)
+                .expect("the Lease");
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.holder_identity = Some(holder.into());
+            spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+            rig.api.put(&lease);
+        };
+        set_holder("other");
+        eventually("standing by", &|| rig.driver.state() == State::Standby).await;
+
+        // The VA goes while this replica stands by.
+        rig.caches.delete_va(&added);
+        rig.driver.on_va_deleted(&lean_va(&added));
+
+        // The other holder lets go; this replica leads again with the same handler.
+        set_holder("");
+        eventually("leading again", &|| rig.driver.state() == State::Leading).await;
+        assert!(!remembers(), "the deleted VA is forgotten");
+        stop.cancel();
+        let _ = life.await;
     }
 }

@@ -11,6 +11,8 @@ pub mod context;
 pub mod guard;
 mod key_locks;
 mod life;
+#[cfg(test)]
+mod rig;
 mod term;
 mod workers;
 
@@ -126,15 +128,23 @@ pub struct Driver {
     pv_queue: Queue,
     /// Set while this replica acts for the driver; events are dropped otherwise.
     handler: RwLock<Option<Arc<Handler>>>,
+    /// The handler of the current connection, leading or not: a VA deleted while this replica
+    /// stands by is forgotten by it too (its memory of our own writes would grow otherwise).
+    connected: RwLock<Option<Arc<Handler>>>,
     /// Keys being processed, so a VA moving from the attach to the detach
     /// queue is never worked on twice at once.
     busy: KeyLocks,
+    /// Attach and detach syncs in flight ([`Settings::csi_calls`] permits, shared by the two
+    /// pools; tokio's semaphore serves waiters in order, so neither pool starves the other).
+    csi_calls: tokio::sync::Semaphore,
     /// For `/drivers` and readiness.
     info: RwLock<Info>,
     /// The API budget of the current connection, for `/drivers`.
     budget: RwLock<Option<Arc<ApiBudget>>>,
-    /// Set by the hub when this replica holds more than its share of Leases.
-    hand_over: tokio::sync::Notify,
+    /// Set by the hub when this replica holds more than its share of Leases, only while the
+    /// driver leads; reset when a term starts and ends, so that a request never outlives the
+    /// term it was made in.
+    hand_over: watch::Sender<bool>,
     /// The cross-namespace Lease guard of the current connection (with leader election only).
     lease_guard: RwLock<Option<watch::Receiver<lease_guard::View>>>,
 }
@@ -149,6 +159,7 @@ impl Driver {
                 settings.retry_interval_max,
             )
         };
+        let calls = settings.csi_calls.max(1);
         Arc::new(Self {
             origin,
             attach_queue: q(VA_QUEUE_NAME),
@@ -156,13 +167,15 @@ impl Driver {
             pv_queue: q(PV_QUEUE_NAME),
             settings,
             handler: RwLock::new(None),
+            connected: RwLock::new(None),
             busy: KeyLocks::default(),
+            csi_calls: tokio::sync::Semaphore::new(calls),
             info: RwLock::new(Info {
                 state: Some(State::Connecting),
                 ..Info::default()
             }),
             budget: RwLock::new(None),
-            hand_over: tokio::sync::Notify::new(),
+            hand_over: watch::channel(false).0,
             lease_guard: RwLock::new(None),
         })
     }
@@ -239,6 +252,12 @@ impl Driver {
         self.info.write().state = Some(state);
     }
 
+    /// Sets the state, as a term would (for the tests of what reads it).
+    #[cfg(test)]
+    pub(crate) fn set_state_for_test(&self, state: State) {
+        self.set_state(state);
+    }
+
     /// Records the driver's last error: of the VA `key`, or (`None`) of the driver itself.
     fn record_error(&self, key: Option<&str>, message: String) {
         self.info.write().last_error = Some(LastError {
@@ -268,6 +287,7 @@ impl Driver {
         serde_json::json!({
             "socket": self.settings.address.to_string(),
             "name": info.name,
+            "configuredName": self.settings.expected_name,
             "state": state,
             "capabilities": info.capabilities,
             "lease": info.lease,
@@ -326,11 +346,13 @@ impl Driver {
 
     /// A VA of this driver is gone: its PV may lose our finalizer now.
     pub fn on_va_deleted(&self, va: &Va) {
-        let Some(handler) = self.handler() else {
-            return;
-        };
-        if let Some(name) = va.metadata.name.as_deref() {
+        // Forgotten by the connection's handler whether or not this replica leads.
+        let connected = self.connected.read().clone();
+        if let (Some(handler), Some(name)) = (connected, va.metadata.name.as_deref()) {
             handler.va_deleted(name);
+        }
+        if self.handler().is_none() {
+            return;
         }
         if let Some(pv) = va.spec.source.persistent_volume_name.as_deref() {
             self.pv_queue.add(pv);
@@ -350,9 +372,19 @@ impl Driver {
     }
 
     /// Asks the driver to vacate its Lease so another replica takes it over
-    /// (leadership balancing). Ignored unless it leads.
+    /// (leadership balancing). Ignored unless it leads; the request ends with the term.
     pub fn hand_over(&self) {
-        self.hand_over.notify_one();
+        if self.info.read().state != Some(State::Leading) {
+            return;
+        }
+        self.hand_over
+            .send_if_modified(|asked| !std::mem::replace(asked, true));
+    }
+
+    /// Whether a hand-over was asked in this term and is under way (the driver drains and
+    /// vacates its Lease): it no longer counts as a driver to hand over.
+    pub fn handing_over(&self) -> bool {
+        *self.hand_over.borrow()
     }
 }
 

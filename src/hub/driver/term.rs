@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 
 use super::{Driver, State, context::Shared, workers::Workers};
 use crate::{
@@ -28,10 +28,64 @@ pub(super) enum Term {
 
 /// The cross-namespace Lease guard as one term sees it.
 pub(super) struct GuardFeed {
+    /// The connection's guard.
+    pub(super) guard: Arc<guard::Guard>,
     /// Its view.
     pub(super) view: tokio::sync::watch::Receiver<guard::View>,
-    /// Bumped when it starts allowing acquisition.
-    pub(super) opened: tokio::sync::watch::Receiver<u64>,
+}
+
+/// What a term changes in what the driver shares while it leads, undone when the term ends,
+/// however it ends: also when the driver's task panics and the term's future is dropped
+/// mid-way (then nothing else would give the balance its count back or clear the leader
+/// metric).
+struct Held<'a> {
+    driver: &'a Driver,
+    shared: &'a Shared,
+    name: &'a str,
+    /// Counted in the replica's share of Leases (leader election with balancing).
+    balanced: bool,
+    /// The connection's guard, told whether we lead.
+    guard: Option<Arc<guard::Guard>>,
+    /// Whether the term leads now.
+    leading: bool,
+}
+
+impl Held<'_> {
+    fn lead(&mut self) {
+        if std::mem::replace(&mut self.leading, true) {
+            return;
+        }
+        self.driver.set_state(State::Leading);
+        self.shared.metrics.set_leader(self.name, true);
+        if self.balanced {
+            self.shared.balance.set_leading(true);
+        }
+        if let Some(g) = &self.guard {
+            g.set_leading(true);
+        }
+    }
+
+    fn unlead(&mut self) {
+        if !std::mem::replace(&mut self.leading, false) {
+            return;
+        }
+        *self.driver.handler.write() = None;
+        if self.balanced {
+            self.shared.balance.set_leading(false);
+        }
+        if let Some(g) = &self.guard {
+            g.set_leading(false);
+        }
+        self.shared.metrics.set_leader(self.name, false);
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.unlead();
+        self.shared.leader_status.remove(self.name);
+        self.shared.metrics.set_leader(self.name, false);
+    }
 }
 
 /// How one life of a driver ended.
@@ -82,43 +136,57 @@ impl Driver {
                 };
                 let balance = shared.balance.clone();
                 let guard_view = guard.as_ref().map(|g| g.view.clone());
+                let guard_check = guard.as_ref().map(|g| g.guard.clone());
                 let feed = shared
                     .lease_feeds
                     .entry(config_name.clone())
                     .or_insert_with(|| tokio::sync::watch::channel(None).0)
                     .subscribe();
                 // Acquire only within this replica's share, and never while the guard sees
-                // another holder renew the driver's Lease in another namespace.
+                // another holder keep the driver's Lease in another namespace; the guard looks
+                // (one LIST) only right before the Lease would be taken.
                 let mut gate = AcquireGate::new(move || {
                     balance.may_acquire()
                         && guard_view
                             .as_ref()
-                            .is_none_or(|v| v.borrow().allows_acquire())
+                            .is_none_or(|v| v.borrow().blocked_by().is_none())
                 })
                 .woken_by(shared.balance.opened());
-                if let Some(g) = guard.as_ref() {
-                    gate = gate.woken_by(g.opened.clone());
+                if let Some(g) = guard_check {
+                    gate = gate.woken_by(g.opened()).checked_by(move || {
+                        let g = g.clone();
+                        async move { g.may_acquire().await }
+                    });
                 }
                 let elector = elector.with_acquire_gate(gate).with_feed(feed);
                 shared
                     .leader_status
                     .insert(name.to_string(), elector.status());
                 let (rx, task) = elector.spawn(election.clone());
-                (rx, Some(task))
+                // Aborted if this term is dropped mid-way (a panic in the driver's task): an
+                // elector must never renew a Lease with no workers behind it.
+                (rx, Some(AbortOnDropHandle::new(task)))
             }
         };
         let balanced = election_task.is_some();
+        // A hand-over asked during an earlier term (or while this one stood by) is not for it.
+        self.hand_over.send_replace(false);
+        let mut hand_over = self.hand_over.subscribe();
+        let mut held = Held {
+            driver: &self,
+            shared,
+            name,
+            balanced,
+            guard: guard.as_ref().map(|g| g.guard.clone()),
+            leading: false,
+        };
 
         let mut workers: Option<Workers> = None;
         let term = loop {
             let leading = leadership.borrow_and_update().clone();
             match (&leading, workers.is_some()) {
                 (Leadership::Leading, false) => {
-                    self.set_state(State::Leading);
-                    shared.metrics.set_leader(name, true);
-                    if balanced {
-                        shared.balance.set_leading(true);
-                    }
+                    held.lead();
                     workers = Some(self.clone().start_workers(shared, handler));
                 }
                 (Leadership::Standby { holder }, running) => {
@@ -127,8 +195,8 @@ impl Driver {
                         // does by exiting. Keys cut short go back to their queues.
                         tracing::warn!("lost leadership; stopping workers now");
                         self.abort_workers(w).await;
-                        shared.balance.set_leading(false);
                     }
+                    held.unlead();
                     shared.metrics.set_leader(name, false);
                     self.info.write().lease_holder = holder.clone();
                     self.set_state(State::Standby);
@@ -168,11 +236,16 @@ impl Driver {
                     None => std::future::pending().await,
                 }
             };
+            let asked_to_hand_over = async {
+                if hand_over.wait_for(|asked| *asked).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 () = guard_changed => {},
                 () = stop.cancelled() => break Term::Over(Outcome::Stopped),
                 _ = losses.changed() => break Term::Over(Outcome::ConnectionLost),
-                () = self.hand_over.notified(), if workers.is_some() && balanced => break Term::HandedOver,
+                () = asked_to_hand_over, if workers.is_some() && balanced => break Term::HandedOver,
                 changed = leadership.changed() => if changed.is_err() && balanced {
                     // The elector ended on its own: treat as a lost lease.
                     break Term::Over(Outcome::Failed("leader election ended".into()));
@@ -189,10 +262,8 @@ impl Driver {
         // Phase 1: stop taking work; let in-flight calls finish within a bound.
         if let Some(w) = workers.take() {
             self.stop_workers(w).await;
-            if balanced {
-                shared.balance.set_leading(false);
-            }
         }
+        held.unlead();
         // Phase 2: vacate the Lease so the next leader starts at once.
         election.cancel();
         if let Some(task) = election_task {
@@ -202,12 +273,147 @@ impl Driver {
                 Err(e) => tracing::warn!(error = %e, "leader election task failed"),
             }
         }
-        shared.leader_status.remove(name);
-        shared.metrics.set_leader(name, false);
+        drop(held);
+        // Whoever holds the Lease now, it is not the holder this term saw: leading, we have
+        // just vacated it; standing by, nobody watches it until the next term's elector does.
+        self.info.write().lease_holder = None;
         if matches!(term, Term::HandedOver | Term::Yielded(_)) {
-            self.info.write().lease_holder = None;
             self.set_state(State::Standby);
         }
+        self.hand_over.send_replace(false);
         term
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::hub::driver::guard::guarded;
+    use crate::hub::driver::rig::{DRIVER, LEASE, RETRY, Rig, for_a_while, until};
+
+    /// The balance loop asks a driver over the replica's share to hand over, and asks again at
+    /// its next round while the driver drains (it still leads until its Lease is vacated). The
+    /// second request must end with the term: the driver's next term leads and keeps leading,
+    /// without a needless hand-over and the gap with no leader that follows.
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_over_asked_again_while_the_term_drains_does_not_end_the_next_term() {
+        let rig = Rig::new(true);
+        let handler = rig.trivial_handler();
+        let stop = CancellationToken::new();
+        let (_loss, mut losses) = watch::channel(0u64);
+        let leading = || rig.driver.state() == State::Leading;
+        {
+            let mut term = pin!(rig.driver.clone().serve_term(
+                &rig.hub.shared,
+                &stop,
+                DRIVER,
+                &handler,
+                &mut losses,
+                None,
+            ));
+            until(term.as_mut(), "it leads", leading).await;
+            rig.driver.hand_over();
+            rig.driver.hand_over();
+            assert!(matches!(term.await, Term::HandedOver));
+        }
+        assert_eq!(rig.hub.shared.balance.leading(), 0);
+        let mut term = pin!(rig.driver.clone().serve_term(
+            &rig.hub.shared,
+            &stop,
+            DRIVER,
+            &handler,
+            &mut losses,
+            None,
+        ));
+        until(term.as_mut(), "it leads again", leading).await;
+        for_a_while(
+            term.as_mut(),
+            "nobody asked for a hand-over in this term",
+            RETRY * 5,
+        )
+        .await;
+        assert!(leading());
+        assert_eq!(rig.hub.shared.balance.leading(), 1);
+        stop.cancel();
+        assert!(matches!(term.await, Term::Over(Outcome::Stopped)));
+        assert_eq!(rig.hub.shared.balance.leading(), 0);
+    }
+
+    /// A term that ends because the driver's connection is lost (or the driver stops) vacates
+    /// the Lease: `/drivers` (and so `attacher-hub status`) must not keep naming this replica
+    /// as its holder.
+    #[tokio::test(start_paused = true)]
+    async fn a_vacated_lease_is_not_shown_with_its_old_holder() {
+        let rig = Rig::new(true);
+        let handler = rig.trivial_handler();
+        let stop = CancellationToken::new();
+        let (loss, mut losses) = watch::channel(0u64);
+        let holder = || rig.driver.describe()["leaseHolder"].clone();
+        let mut term = pin!(rig.driver.clone().serve_term(
+            &rig.hub.shared,
+            &stop,
+            DRIVER,
+            &handler,
+            &mut losses,
+            None,
+        ));
+        until(term.as_mut(), "it leads", || {
+            rig.driver.state() == State::Leading
+        })
+        .await;
+        assert_eq!(holder(), "me");
+        loss.send_replace(1);
+        assert!(matches!(term.await, Term::Over(Outcome::ConnectionLost)));
+        let lease: k8s_openapi::api::coordination::v1::Lease = rig
+            .api
+            .get(Some("default"), &crate::names::lease_name(DRIVER))
+            .expect("the Lease");
+        let spec = lease.spec.expect("a spec");
+        assert_eq!(spec.holder_identity.as_deref().unwrap_or(""), "", "vacated");
+        assert!(holder().is_null(), "shown holder: {}", holder());
+    }
+
+    /// A panic in the driver's task drops its term mid-way. The elector must go with it (no
+    /// Lease renewed with no workers behind it), the replica's count of led drivers must go
+    /// down, and the leader metric must say so; the restarted driver then starts one elector,
+    /// not a second one next to the first.
+    #[tokio::test(start_paused = true)]
+    async fn a_term_cut_short_by_a_panic_stops_its_elector_and_gives_its_lease_count_back() {
+        let rig = Rig::new(true);
+        let handler = rig.trivial_handler();
+        let stop = CancellationToken::new();
+        let (_loss, mut losses) = watch::channel(0u64);
+        let panicked = guarded(async {
+            let mut term = pin!(rig.driver.clone().serve_term(
+                &rig.hub.shared,
+                &stop,
+                DRIVER,
+                &handler,
+                &mut losses,
+                None,
+            ));
+            until(term.as_mut(), "it leads", || {
+                rig.driver.state() == State::Leading
+            })
+            .await;
+            assert_eq!(rig.hub.shared.balance.leading(), 1);
+            panic!("a bug in the driver's task");
+        })
+        .await;
+        assert_eq!(panicked, Err("a bug in the driver's task".to_string()));
+        let writes = rig.api.writes().len();
+        tokio::time::sleep(LEASE * 3).await;
+        assert_eq!(
+            rig.api.writes().len(),
+            writes,
+            "nothing renews the Lease after the panic"
+        );
+        assert_eq!(rig.hub.shared.balance.leading(), 0);
+        assert_eq!(rig.leader_metric(), 0.0);
+        assert!(rig.hub.shared.leader_status.is_empty());
     }
 }

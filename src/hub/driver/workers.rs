@@ -52,18 +52,29 @@ impl Driver {
         ];
         for (pool, count) in pools {
             for i in 0..count.max(1) {
+                // In the driver's span (a disabled debug span would cut the lines of the sync
+                // off from it, and from the driver's name).
                 let span = tracing::debug_span!("worker", pool = pool.label(), i);
                 set.spawn(
                     self.clone()
                         .worker(shared.clone(), handler.clone(), pool, token.clone())
-                        .instrument(span),
+                        .instrument(span)
+                        .in_current_span(),
                 );
             }
         }
+        let reconcile = {
+            let (this, shared, handler) = (self.clone(), shared.clone(), handler.clone());
+            move || {
+                let (this, shared, handler) = (this.clone(), shared.clone(), handler.clone());
+                async move { this.reconcile_pass(&shared, &handler).await }
+            }
+        };
         set.spawn(
             self.clone()
-                .reconciler(shared.clone(), handler.clone(), token.clone())
-                .instrument(tracing::debug_span!("reconciler")),
+                .reconciler(shared.clone(), token.clone(), reconcile)
+                .instrument(tracing::debug_span!("reconciler"))
+                .in_current_span(),
         );
         // Everything already in the cache, as the Go attacher's informers
         // deliver it when they start.
@@ -76,16 +87,25 @@ impl Driver {
                     () = stop.cancelled() => return,
                     () = shared2.stores.wait_synced() => {}
                 }
+                // One object's panic (a bug) stays with it: the others are still queued.
+                let guarded = |what: &str, key: Option<&str>, f: &dyn Fn()| {
+                    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                        let panic = super::guard::panic_message(&*panic);
+                        tracing::error!(key = key.unwrap_or(""), %panic, "queuing a {what} after the start of a term panicked");
+                        shared2.metrics.count_panic(&name, "initial-sync");
+                    }
+                };
                 for va in shared2.stores.vas.state() {
                     if va.spec.attacher == name {
-                        this.on_va(None, &va);
+                        guarded("VolumeAttachment", va.metadata.name.as_deref(), &|| this.on_va(None, &va));
                     }
                 }
                 for pv in shared2.stores.pvs.state() {
-                    this.on_pv(&name, &pv);
+                    guarded("PersistentVolume", pv.metadata.name.as_deref(), &|| this.on_pv(&name, &pv));
                 }
             }
-            .instrument(tracing::debug_span!("initial-sync")),
+            .instrument(tracing::debug_span!("initial-sync"))
+            .in_current_span(),
         );
         Workers { token, set }
     }
@@ -191,6 +211,10 @@ impl Driver {
             return;
         }
         let span = tracing::info_span!("sync_va", va = key, node = %va.spec.node_name, pv = va.spec.source.persistent_volume_name.as_deref().unwrap_or(""));
+        // At most `csi_calls` attach and detach syncs at once, as the Go sidecar's workers.
+        let Ok(_call) = self.csi_calls.acquire().await else {
+            return;
+        };
         match handler.sync_va(&va).instrument(span.clone()).await {
             Ok(synced) => {
                 queue.forget(key);
@@ -233,26 +257,43 @@ impl Driver {
         }
     }
 
-    async fn reconciler(
+    /// One pass of the ListVolumes reconciler: VAs whose `attached` disagrees with the driver
+    /// are queued again.
+    async fn reconcile_pass(&self, shared: &Shared, handler: &Handler) {
+        match handler.reconcile().await {
+            Ok(names) => {
+                for name in names {
+                    if let Some(va) = shared.stores.va(&name) {
+                        self.enqueue_va(handler, &va);
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "Failed to reconcile VolumeAttachment"),
+        }
+    }
+
+    /// Runs `pass` every reconcile period until `stop`. A pass that panics (a bug) is logged
+    /// and counted, and the next one runs on time: one panic never ends reconciliation for the
+    /// rest of the term.
+    async fn reconciler<F, Fut>(
         self: Arc<Self>,
         shared: Arc<Shared>,
-        handler: Arc<Handler>,
         stop: CancellationToken,
-    ) {
+        pass: F,
+    ) where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         tokio::select! {
             () = stop.cancelled() => return,
             () = shared.stores.wait_synced() => {}
         }
         loop {
-            match handler.reconcile().await {
-                Ok(names) => {
-                    for name in names {
-                        if let Some(va) = shared.stores.va(&name) {
-                            self.enqueue_va(&handler, &va);
-                        }
-                    }
-                }
-                Err(error) => tracing::warn!(%error, "Failed to reconcile VolumeAttachment"),
+            if let Err(panic) = guarded(pass()).await {
+                tracing::error!(%panic, "a reconcile pass panicked; the next one runs on time");
+                shared
+                    .metrics
+                    .count_panic(&self.name().unwrap_or_default(), "reconciler");
             }
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -296,12 +337,23 @@ mod tests {
         csi: &FakeCsi,
         csinode_too: bool,
     ) -> (Arc<Driver>, Arc<Handler>) {
+        rig_with(api, caches, csi, csinode_too, &Args::default()).await
+    }
+
+    /// [`rig`] with the flags `args`.
+    async fn rig_with(
+        api: &FakeApi,
+        caches: &mut TestStores,
+        csi: &FakeCsi,
+        csinode_too: bool,
+        args: &Args,
+    ) -> (Arc<Driver>, Arc<Handler>) {
         let pv = api.put(&pv("pv1", csi_spec(&["ReadWriteOnce"])));
         caches.apply_pv(&pv);
         if csinode_too {
             caches.apply_csinode(&csinode(&[(DRIVER, "id-1")]));
         }
-        let defaults = Defaults::with_identity(&Args::default(), "test-host".into());
+        let defaults = Defaults::with_identity(args, "test-host".into());
         let settings = defaults.settings_for("/fake/csi.sock".parse().expect("a path"));
         let driver = Driver::named(settings, Origin::Configured, DRIVER);
         let caps = Capabilities {
@@ -413,5 +465,116 @@ mod tests {
         // Without workers, events are dropped.
         driver.on_va(None, &lean_va(&added));
         assert!(driver.queue_depths().iter().all(|(_, q)| q.is_empty()));
+    }
+
+    /// With `--worker-threads=2` a driver runs two attach and two detach workers, but, as the
+    /// Go sidecar with its two workers, never more than two ControllerPublish/Unpublish calls at
+    /// once; attaches and detaches share them first come first served, so neither waits for
+    /// the other's whole backlog.
+    #[tokio::test(start_paused = true)]
+    async fn attaches_and_detaches_share_the_worker_threads_calls_in_flight() {
+        use crate::controller::fixtures::{FIN, va_annotated, va_finalizers, with_status};
+        use k8s_openapi::api::storage::v1::VolumeAttachmentStatus;
+
+        let api = FakeApi::default();
+        let mut caches = TestStores::new();
+        let hub = context(&api, caches.stores.clone());
+        let csi = FakeCsi::new(DRIVER);
+        csi.set_call_delay(Duration::from_secs(1));
+        let args = Args {
+            worker_threads: 2,
+            ..Args::default()
+        };
+        let (driver, handler) = rig_with(&api, &mut caches, &csi, true, &args).await;
+        let mut vas = Vec::new();
+        for i in 0..4 {
+            for side in ["a", "d"] {
+                let volume = format!("pv-{side}{i}");
+                caches.apply_pv(&api.put(&pv(&volume, csi_spec(&["ReadWriteOnce"]))));
+                let mut v = va(Some(&volume));
+                if side == "d" {
+                    let attached = VolumeAttachmentStatus {
+                        attached: true,
+                        ..VolumeAttachmentStatus::default()
+                    };
+                    v = with_status(va_annotated(va_finalizers(v, &[FIN]), "id-1"), attached);
+                    v.metadata.deletion_timestamp = Some(now());
+                }
+                v.metadata.name = Some(format!("va-{side}{i}"));
+                v.metadata.uid = Some(format!("uid-{side}{i}"));
+                v.metadata.creation_timestamp = Some(now());
+                let v = api.put(&v);
+                caches.apply_va(&v);
+                vas.push(v);
+            }
+        }
+        let workers = driver.clone().start_workers(&hub.shared, &handler);
+        for v in &vas {
+            driver.on_va(None, &lean_va(v));
+        }
+        let calls = |m: &str| csi.calls_of(m).len();
+        eventually("four attaches and four detaches", || {
+            calls("ControllerPublishVolume") == 4 && calls("ControllerUnpublishVolume") == 4
+        })
+        .await;
+        assert_eq!(csi.max_in_flight(), 2, "calls in flight at once");
+        let first: Vec<&str> = csi
+            .calls()
+            .iter()
+            .map(|c| c.method)
+            .filter(|m| m.starts_with("ControllerPublish") || m.starts_with("ControllerUnpublish"))
+            .take(4)
+            .collect();
+        assert!(
+            first.contains(&"ControllerPublishVolume")
+                && first.contains(&"ControllerUnpublishVolume"),
+            "the first calls are of both kinds: {first:?}"
+        );
+        driver.stop_workers(workers).await;
+    }
+
+    /// A reconcile pass that panics (a bug) is logged and counted, and the next pass runs on
+    /// time: one panic does not end reconciliation for the rest of the term.
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_reconcile_pass_is_followed_by_the_next_one_on_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let api = FakeApi::default();
+        let caches = TestStores::new();
+        let hub = context(&api, caches.stores.clone());
+        let defaults = Defaults::with_identity(&Args::default(), "test-host".into());
+        let settings = defaults.settings_for("/fake/csi.sock".parse().expect("a path"));
+        let period = settings.reconcile_sync;
+        let driver = Driver::named(settings, Origin::Configured, DRIVER);
+        let passes = Arc::new(AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let reconciler = tokio::spawn(driver.clone().reconciler(
+            hub.shared.clone(),
+            stop.clone(),
+            {
+                let passes = passes.clone();
+                move || {
+                    let n = passes.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        assert!(n != 0, "a bug in the first pass");
+                    }
+                }
+            },
+        ));
+        tokio::time::sleep(period * 2 + Duration::from_secs(1)).await;
+        assert_eq!(
+            passes.load(Ordering::SeqCst),
+            3,
+            "passes at 0, 1 and 2 periods"
+        );
+        let panics = hub
+            .shared
+            .metrics
+            .panics
+            .with_label_values(&[DRIVER, "reconciler"])
+            .get();
+        assert_eq!(panics, 1);
+        stop.cancel();
+        reconciler.await.expect("no panic escapes the reconciler");
     }
 }
