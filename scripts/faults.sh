@@ -46,8 +46,10 @@ export ATTACHER_FAULTS_RESULTS=$out/results.txt
 set +e
 # Scenarios: those that measure recovery serialise themselves; the others share.
 cargo test --test faults --no-fail-fast -- --include-ignored --test-threads=2 2>&1 | tee "$out/test.log"
+faults_rc=${PIPESTATUS[0]}
 # Regressions one at a time: several compare durations.
 cargo test --test regressions --no-fail-fast -- --include-ignored --test-threads=1 2>&1 | tee -a "$out/test.log"
+regressions_rc=${PIPESTATUS[0]}
 set -e
 
 known=$(sed -n 's/^ *"\([a-z0-9_]*\)",.*$/\1/p' tests/faults/known.rs)
@@ -63,6 +65,20 @@ for t in $failed; do
   if printf '%s\n' $known | grep -qx "$t"; then known_failing="$known_failing $t"; else new="$new $t"; fi
 done
 
+# A binary that did not build (or any other cargo error: a full disk) fails the
+# run, as does a run in which nothing passed: no test list means nothing ran.
+# (Failing tests make cargo say "error: test failed" / "error: N targets failed": those
+# are judged by name above.)
+cargo_errors=$(grep '^error: ' "$out/test.log" | grep -v '^error: test failed\|^error: [0-9]* targets* failed' | sort -u || true)
+if [ -n "$cargo_errors" ]; then
+  echo "faults: cargo stopped with an error (see $out/test.log):" >&2
+  printf '%s\n' "$cargo_errors" | head -5 | sed 's/^/  /' >&2
+  new="$new (cargo error)"
+fi
+if [ -z "$passed" ]; then
+  echo "faults: no test passed (cargo test exited $faults_rc and $regressions_rc)" >&2
+  new="$new (nothing ran)"
+fi
 echo
 echo "================ fault matrix ================"
 grep '^FAULTS ' "$ATTACHER_FAULTS_RESULTS" || true
