@@ -6,8 +6,9 @@
 //!   (1, 10, 50, 100), one hub serving N drivers and N Go sidecars, each run through
 //!   [`scenario::run`]: idle (RSS, CPU and Lease writes over `BENCH_SCALE_IDLE_SECS`), then a
 //!   fixed load of `BENCH_SCALE_LOAD` VAs per driver (throughput, p99), with the seed flags.
-//!   The fleet runs only where the machine's available memory allows N sidecars; otherwise it
-//!   runs 10 sidecars and its figures are multiplied by N / 10 (marked so).
+//!   The fleet runs only where the machine's available memory allows N sidecars and N is at
+//!   most `BENCH_SCALE_FLEET_MAX`; otherwise it runs 10 sidecars and its figures are multiplied
+//!   by N / 10 (marked so).
 //! * **Objects** ([`objects_sweep`], config `scale-objects`): with 0 and then
 //!   `BENCH_SCALE_OBJECTS` (1,000, 10,000, 50,000, 100,000) extra VAs and as many PVs (of a
 //!   driver nobody serves) in the cluster, one hub with one driver and one Go sidecar, idle:
@@ -88,6 +89,10 @@ pub(crate) struct ScaleKnobs {
     pub(crate) startup_drivers: usize,
     /// `BENCH_STARTUP_REPEATS`: cold starts per contender (1).
     pub(crate) startup_repeats: usize,
+    /// `BENCH_SCALE_FLEET_MAX`: the largest fleet run in full (no limit); beyond it, 10
+    /// sidecars with their figures multiplied by N / 10, as when memory is short (on a
+    /// machine where a large fleet cannot keep its Leases, see docs/benchmarks.md).
+    pub(crate) fleet_max: usize,
 }
 
 fn list(name: &str, default: &str) -> Vec<usize> {
@@ -122,6 +127,7 @@ impl ScaleKnobs {
             startup_attached: number("BENCH_STARTUP_ATTACHED", 20_000),
             startup_drivers: number("BENCH_STARTUP_DRIVERS", 10).max(1),
             startup_repeats: number("BENCH_STARTUP_REPEATS", 1).max(1),
+            fleet_max: number("BENCH_SCALE_FLEET_MAX", usize::MAX).max(10),
         }
     }
 }
@@ -239,7 +245,7 @@ pub(crate) async fn drivers_sweep(cluster: &Cluster, k: &ScaleKnobs, out: &mut S
     out.idle_window = k.idle_window;
     for &n in &k.drivers {
         for contender in [Contender::Hub, Contender::Fleet] {
-            let fits = available_mib() >= n as f64 * SIDECAR_MIB + HEADROOM_MIB;
+            let fits = n <= k.fleet_max && available_mib() >= n as f64 * SIDECAR_MIB + HEADROOM_MIB;
             let (ran, scale) = match contender {
                 Contender::Fleet if !fits && n > 10 => (10, n as f64 / 10.0),
                 _ => (n, 1.0),
