@@ -18,7 +18,10 @@
 //!   nine others 5 each a second later; the quiet drivers' latency counts;
 //! * e1, e2 (hub only): d with a process-wide cap equal to the fleet's total,
 //!   and with a cap that binds;
-//! * f: idle memory and watches with 5,000 extra VAs and PVs in the cluster.
+//! * f: idle memory and watches with 5,000 extra VAs and PVs in the cluster;
+//! * startup, scale-objects, scale-drivers (issue 17, `bench/scale.rs`): start-up with 50,000
+//!   VAs and PVs, and the scale curve over objects (1,000 to 100,000) and drivers (1 to 100),
+//!   drawn in `target/bench-scale.svg`.
 //!
 //! Sizes and repeats come from the environment (`BENCH_*`, listed in
 //! [`Knobs::from_env`]); `BENCH_CAP=0` skips e1 and e2; `BENCH_HUB_BIN` runs
@@ -27,8 +30,14 @@
 mod hub;
 mod support;
 
+#[path = "bench/plot.rs"]
+mod plot;
 #[path = "bench/report.rs"]
 mod report;
+#[path = "bench/scale.rs"]
+mod scale;
+#[path = "bench/scale_report.rs"]
+mod scale_report;
 #[path = "bench/scenario.rs"]
 mod scenario;
 
@@ -98,7 +107,10 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 impl Knobs {
     fn from_env() -> Knobs {
-        let configs: String = env_or("BENCH_CONFIGS", "a,b,c,d,e1,e2,f".to_string());
+        let configs: String = env_or(
+            "BENCH_CONFIGS",
+            "a,b,c,d,e1,e2,f,startup,scale-objects,scale-drivers".to_string(),
+        );
         Knobs {
             configs: configs
                 .split(',')
@@ -466,6 +478,20 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
         results.push(result);
     }
 
+    // Issue 17: start-up at scale and the scale curve.
+    let scale_knobs = scale::ScaleKnobs::from_env();
+    let mut scale_results = scale::ScaleResults::default();
+    let wants = |id: &str| knobs.configs.iter().any(|c| c == id);
+    if wants("startup") {
+        scale::startup(cluster, &scale_knobs, &mut scale_results).await;
+    }
+    if wants("scale-objects") {
+        scale::objects_sweep(cluster, &scale_knobs, &mut scale_results).await;
+    }
+    if wants("scale-drivers") {
+        scale::drivers_sweep(cluster, &scale_knobs, &mut scale_results).await;
+    }
+
     let ctx = Context {
         date: utc_now(),
         machine: machine(),
@@ -478,10 +504,20 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
         tight_cap: knobs.tight_cap,
         duration: started.elapsed(),
     };
-    let checks = report::checks(&results, &ctx);
-    let md = report::render(&results, &checks, &ctx);
+    let mut checks = report::checks(&results, &ctx);
+    let scale_checks = scale_report::checks(&scale_results);
+    let mut md = report::render(&results, &checks, &ctx);
+    md.push_str(&scale_report::render(&scale_results, &scale_checks));
+    checks.extend(scale_checks);
+    let target_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    if let Some(svg) = plot::svg(&scale_results) {
+        let file = target_dir.join("bench-scale.svg");
+        std::fs::write(&file, svg).expect("write target/bench-scale.svg");
+        md.push_str("\nThe scale curve: `target/bench-scale.svg`.\n");
+        eprintln!("bench: scale curve drawn in {}", file.display());
+    }
     println!("\n{md}");
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-report.md");
+    let target = target_dir.join("bench-report.md");
     std::fs::write(&target, &md).expect("write target/bench-report.md");
     eprintln!("bench: report written to {}", target.display());
     if knobs.strict {

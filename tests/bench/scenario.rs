@@ -332,7 +332,9 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
             let names: Vec<String> = measured.iter().map(|p| p.va.clone()).collect();
             create_vas(&client, &measured, &node, &drivers, &run).await;
             if let Err(e) = timeline
-                .wait(&names, spec.timeout, |t| t.attached.is_some())
+                .wait_running(&mut processes, &names, spec.timeout, |t| {
+                    t.attached.is_some()
+                })
                 .await
             {
                 sample.incomplete = Some(format!("attach: {e}"));
@@ -354,7 +356,9 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
             let deleting = Instant::now();
             delete_all::<VolumeAttachment>(&client, &names).await;
             match timeline
-                .wait(&names, spec.timeout, |t| t.deleted.is_some())
+                .wait_running(&mut processes, &names, spec.timeout, |t| {
+                    t.deleted.is_some()
+                })
                 .await
             {
                 Ok(()) => sample.detach = Some(deleting.elapsed().as_secs_f64()),
@@ -378,7 +382,9 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
                 create_vas(&client, &quiet, &node, &drivers, &run).await;
             });
             if let Err(e) = timeline
-                .wait(&quiet_names, spec.timeout, |t| t.attached.is_some())
+                .wait_running(&mut processes, &quiet_names, spec.timeout, |t| {
+                    t.attached.is_some()
+                })
                 .await
             {
                 sample.incomplete = Some(format!("quiet drivers: {e}"));
@@ -799,7 +805,42 @@ impl Timeline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+
+    /// [`Timeline::wait`], checking every [`PROCESS_CHECK`] that the contender's processes
+    /// still run (panicking, with their logs, if one has exited): a Go sidecar that loses its
+    /// Lease exits, and the VAs of its driver would otherwise be waited for until the phase's
+    /// limit.
+    pub(crate) async fn wait_running(
+        &self,
+        processes: &mut [ChildProcess],
+        names: &[String],
+        timeout: Duration,
+        done: impl Fn(&Times) -> bool,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self
+                .wait(names, left.min(PROCESS_CHECK), &done)
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            assert_running(processes);
+            if left <= PROCESS_CHECK {
+                let left = self.times(names).iter().filter(|t| !done(t)).count();
+                return Err(format!(
+                    "{left} of {} VAs not done within {timeout:?}",
+                    names.len()
+                ));
+            }
+        }
+    }
 }
+
+/// How often [`Timeline::wait_running`] looks at the contender's processes.
+const PROCESS_CHECK: Duration = Duration::from_secs(1);
 
 impl Drop for Timeline {
     fn drop(&mut self) {
