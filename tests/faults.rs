@@ -481,13 +481,12 @@ fn compare(report: &mut Report, what: &str, hub: Option<Duration>, go: Option<Du
 /// direction while keeping both sockets open (the kernels keep ACKing, so
 /// TCP keepalive and `TCP_USER_TIMEOUT` see nothing), then forwards new
 /// connections again while the frozen ones stay frozen for good. The hub
-/// (hub mode, three drivers, leader election with client-go's timings, its
-/// presence Lease) and three Go external-attachers (one per driver, same
+/// (hub mode, three drivers, leader election with client-go's timings) and three Go external-attachers (one per driver, same
 /// flags, restarted a second after each exit as the kubelet would), each
 /// behind such a proxy, in the same run. Measured from the network's
 /// return, per side: first and last attach of the VAs created during the
 /// fault (watches and writes resumed), the first write, all driver Leases
-/// written again, the hub's presence Lease; and the bytes written into
+/// written again; and the bytes written into
 /// frozen connections after the return. The hub must heal no later than the
 /// Go sidecars ([`STALL_TOLERANCE`]) and within [`STALL_BOUND`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -604,12 +603,14 @@ async fn stalled_connections_hub_against_go() {
         );
 
         // Healing, both sides at once.
-        let (hub_attached, go_attached, hub_leased, go_leased, presence_renewed) = tokio::join!(
+        // (The hub's presence Lease is not waited for: a replica alone does not renew it,
+        // since nobody reads it until a second replica comes, whose own presence makes
+        // it renew at once: `leader::balance`'s unit tests and `hub_mode`'s replicas show that.)
+        let (hub_attached, go_attached, hub_leased, go_leased) = tokio::join!(
             world.ledger.wait_attached(&during_hub, SETTLE),
             world.ledger.wait_attached(&during_go, SETTLE),
             leases.wait_held_after(&hub_leases, t0, SETTLE),
             leases.wait_held_after(&go_leases, t0, SETTLE),
-            leases.wait_held_after(&presence, t0, SETTLE),
         );
         let (hub_first, hub_last) = attach_span(&world, &during_hub, t0);
         let (go_first, go_last) = attach_span(&world, &during_go, t0);
@@ -617,7 +618,6 @@ async fn stalled_connections_hub_against_go() {
         compare(&mut report, "last_attach", hub_last, go_last);
         let go_leased = go_leased.ok();
         compare(&mut report, "leases", hub_leased.ok(), go_leased);
-        compare(&mut report, "presence", presence_renewed.ok(), go_leased);
         let first_write = |leases_of: &[String], first_attach: Option<Duration>| {
             leases_of
                 .iter()

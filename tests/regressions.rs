@@ -301,19 +301,32 @@ async fn a_hand_over_leaves_no_gap() {
         a.wait_leading(&names, Duration::from_secs(60))
             .await
             .unwrap();
+        let a_identity = sanitize_driver_name(&host_a);
+        // A holds every Lease now (it leads them all): the last sighting before B comes.
+        let mut held_by_a: std::collections::HashMap<String, Instant> = Default::default();
+        for n in &names {
+            let polled = Instant::now();
+            let holder = lease(&world.client, &world.namespace, n)
+                .await
+                .spec
+                .and_then(|s| s.holder_identity)
+                .unwrap_or_default();
+            assert_eq!(holder, a_identity, "A leads {n} before B starts");
+            held_by_a.insert(n.clone(), polled);
+        }
         let host_b = unique_name("b");
-        let _b = FHub::start(
+        let b = FHub::start(
             spec(&world, &cluster.kubeconfig, &host_b, Some(Timings::DEFAULT)).hostname(&host_b),
         )
         .await;
         // Poll both Leases: from the moment one is vacated to the moment B holds it. B's
         // elector, fed by its Lease watch, may take a vacated Lease between two polls; then the
-        // gap is at most the time since the poll that still saw A hold it.
-        let a_identity = sanitize_driver_name(&host_a);
+        // gap is measured by the two hubs' own clocks: A's "released the lease" line to B's
+        // "successfully acquired lease" line for that driver (one machine, one clock).
         let b_identity = sanitize_driver_name(&host_b);
         let start = Instant::now();
         let mut vacated: std::collections::HashMap<String, Instant> = Default::default();
-        let mut held_by_a: std::collections::HashMap<String, Instant> = Default::default();
+        let mut seen_a_after_start: std::collections::HashSet<String> = Default::default();
         let gap = 'poll: loop {
             assert!(
                 start.elapsed() < Duration::from_secs(60),
@@ -330,11 +343,17 @@ async fn a_hand_over_leaves_no_gap() {
                     vacated.entry(n.clone()).or_insert(polled);
                 } else if holder == a_identity {
                     held_by_a.insert(n.clone(), polled);
+                    seen_a_after_start.insert(n.clone());
                 } else if holder == b_identity {
                     if let Some(v) = vacated.get(n) {
                         break 'poll v.elapsed();
                     }
-                    if let Some(a) = held_by_a.get(n) {
+                    if let Some(gap) = logged_hand_over_gap(&a, &b, n) {
+                        break 'poll gap;
+                    }
+                    if seen_a_after_start.contains(n)
+                        && let Some(a) = held_by_a.get(n)
+                    {
                         break 'poll a.elapsed();
                     }
                 }
@@ -347,6 +366,29 @@ async fn a_hand_over_leaves_no_gap() {
         );
     })
     .await;
+}
+
+/// The time from `a`'s "released the lease" line to `b`'s "successfully acquired lease" line
+/// for `driver`'s Lease, by the klog timestamps of the two hubs (`I1201 20:29:31.778686`).
+fn logged_hand_over_gap(a: &FHub, b: &FHub, driver: &str) -> Option<Duration> {
+    let at = |hub: &FHub, message: &str| -> Option<f64> {
+        let needle = format!("driver=\"{driver}\"");
+        let line = hub
+            .log_lines(message)
+            .into_iter()
+            .rfind(|l| l.contains(&needle))?;
+        let time = line.split_whitespace().nth(1)?;
+        let mut parts = time.split(':');
+        let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
+        Some(
+            h.parse::<f64>().ok()? * 3600.0
+                + m.parse::<f64>().ok()? * 60.0
+                + s.parse::<f64>().ok()?,
+        )
+    };
+    let released = at(a, "\"released the lease\"")?;
+    let acquired = at(b, "\"successfully acquired lease\"")?;
+    Some(Duration::from_secs_f64((acquired - released).max(0.0)))
 }
 
 /// Two replicas serving different drivers in one namespace: each must lead
