@@ -591,22 +591,9 @@ async fn cold_start(
             }
         }
         Contender::Hub => {
-            let file = dir.path().join("drivers.yaml");
-            let mut yaml = String::from("drivers:\n");
-            for m in mocks {
-                yaml.push_str(&format!(
-                    "  - address: unix://{}\n    name: {}\n",
-                    m.socket().display(),
-                    m.driver
-                ));
-            }
-            std::fs::write(&file, yaml).expect("write drivers.yaml");
-            let bin = std::env::var("BENCH_HUB_BIN")
-                .ok()
-                .filter(|b| !b.is_empty())
-                .unwrap_or_else(|| env!("CARGO_BIN_EXE_attacher-hub").to_string());
+            let file = scenario::write_drivers_yaml(dir.path(), mocks);
             let port = free_port();
-            let mut cmd = Command::new(bin);
+            let mut cmd = Command::new(scenario::hub_bin());
             cmd.arg(&kubeconfig)
                 .arg(format!("--config={}", file.display()))
                 .arg(format!("--leader-election-namespace={LEASE_NAMESPACE}"))

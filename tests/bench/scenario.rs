@@ -219,6 +219,30 @@ struct Planned {
 }
 
 /// Runs `spec` with `contender` and measures it.
+/// A `drivers.yaml` in `dir` naming every mock's socket; its path.
+pub(crate) fn write_drivers_yaml(dir: &Path, mocks: &[MockProcess]) -> std::path::PathBuf {
+    let file = dir.join("drivers.yaml");
+    let mut yaml = String::from("drivers:\n");
+    for m in mocks {
+        yaml.push_str(&format!(
+            "  - address: unix://{}\n    name: {}\n",
+            m.socket().display(),
+            m.driver
+        ));
+    }
+    std::fs::write(&file, yaml).expect("write drivers.yaml");
+    file
+}
+
+/// The hub binary to run: this build's, or `BENCH_HUB_BIN` (another build of the hub, e.g.
+/// the code before a change).
+pub(crate) fn hub_bin() -> String {
+    std::env::var("BENCH_HUB_BIN")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_attacher-hub").to_string())
+}
+
 pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec) -> Sample {
     let client = cluster.client().await;
     let run = unique_name(&format!("{}-{}", spec.id, contender.tag()));
@@ -539,22 +563,8 @@ fn start(
             })
             .collect(),
         Contender::Hub => {
-            let file = dir.join("drivers.yaml");
-            let mut yaml = String::from("drivers:\n");
-            for m in mocks {
-                yaml.push_str(&format!(
-                    "  - address: unix://{}\n    name: {}\n",
-                    m.socket().display(),
-                    m.driver
-                ));
-            }
-            std::fs::write(&file, yaml).expect("write drivers.yaml");
-            // `BENCH_HUB_BIN` runs another build of the hub (e.g. the code before a change).
-            let bin = std::env::var("BENCH_HUB_BIN")
-                .ok()
-                .filter(|b| !b.is_empty())
-                .unwrap_or_else(|| env!("CARGO_BIN_EXE_attacher-hub").to_string());
-            let mut cmd = Command::new(bin);
+            let file = write_drivers_yaml(dir, mocks);
+            let mut cmd = Command::new(hub_bin());
             cmd.arg(&kubeconfig)
                 .arg(format!("--config={}", file.display()))
                 .arg(format!("--leader-election-namespace={LEASE_NAMESPACE}"))
