@@ -58,21 +58,11 @@ impl Cluster {
         let dir = std::env::var_os("ATTACHER_TEST_CLUSTER_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| repo.join(".work/cluster"));
-        let script = repo.join("scripts/cluster-up.sh");
-        // stderr is inherited so that a first (slow) build of the Go tools shows progress.
-        let out = Command::new(&script)
-            .arg(&dir)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        assert!(
-            out.status.success(),
-            "no control plane for the integration tests: {} {} failed ({}); see the logs in {}",
-            script.display(),
-            dir.display(),
-            out.status,
-            dir.display(),
+        cluster_up(
+            &[],
+            &dir,
+            "no control plane for the integration tests",
+            &dir,
         );
         let env_file = dir.join("env");
         let text = std::fs::read_to_string(&env_file)
@@ -160,4 +150,27 @@ fn parse_env_file(text: &str) -> HashMap<String, String> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.trim_matches(['"', '\'']).to_string()))
         .collect()
+}
+
+/// Runs `scripts/cluster-up.sh FLAGS DIR`; a failure fails the test with `what`, the command,
+/// its exit status and where its logs are. stderr is inherited, so that a first (slow) build
+/// of the Go tools shows progress.
+pub(crate) fn cluster_up(flags: &[&str], dir: &Path, what: &str, logs: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster-up.sh");
+    let out = Command::new(&script)
+        .args(flags)
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{what}: {} {} {} failed ({}); see {}",
+        script.display(),
+        flags.join(" "),
+        dir.display(),
+        out.status,
+        logs.display(),
+    );
 }

@@ -4,10 +4,10 @@
 //! `scripts/cluster-down.sh`, as the API server is.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use super::Cluster;
+use super::cluster::cluster_up;
 
 /// Makes sure kube-controller-manager (attach-detach controller and PV
 /// binder) runs against `cluster`; returns the path of its log. A controller
@@ -19,22 +19,13 @@ pub(crate) fn controller_manager(cluster: &Cluster) -> &'static Path {
             .kubeconfig
             .parent()
             .expect("the admin kubeconfig lives in the cluster directory");
-        let script = super::repo().join("scripts/cluster-up.sh");
-        let out = Command::new(&script)
-            .arg("--controller-manager")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        assert!(
-            out.status.success(),
-            "kube-controller-manager did not start: {} --controller-manager {} failed ({}); see {}",
-            script.display(),
-            dir.display(),
-            out.status,
-            dir.join("controller-manager.log").display()
+        let log = dir.join("controller-manager.log");
+        cluster_up(
+            &["--controller-manager"],
+            dir,
+            "kube-controller-manager did not start",
+            &log,
         );
-        dir.join("controller-manager.log")
+        log
     })
 }
