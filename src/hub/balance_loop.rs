@@ -77,6 +77,9 @@ pub(crate) async fn balance_leases(
     // Whether the last round saw another live replica, and when we last wrote our presence.
     let mut peers = false;
     let mut renewed: Option<tokio::time::Instant> = None;
+    // When each presence Lease was seen renewed, and the group the last round counted in.
+    let mut sightings = balance::Sightings::default();
+    let mut counted_group: Option<String> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -90,9 +93,28 @@ pub(crate) async fn balance_leases(
                         // A replica alone learns of a newcomer at once, and renews its presence
                         // so that the newcomer counts it.
                         let newcomer = !peers && is_other_presence(&event, presence.name());
+                        let recount = sight(&mut sightings, &event);
                         apply_lease_event(&hub.shared, &mut leases, &mut listing, event);
+                        if recount {
+                            sightings.retain(|name| leases.contains_key(name));
+                        }
                         if newcomer {
                             tick.reset_immediately();
+                        } else if recount && let Some(group) = &counted_group {
+                            // A renewal, a departure: the share follows at once, not a round
+                            // later (judged by a round's snapshot, a peer whose renewal came
+                            // just after it looked expired just before the next).
+                            let others = balance::others_in_group(
+                                leases.values(),
+                                &sightings,
+                                presence.name(),
+                                group,
+                                tokio::time::Instant::now(),
+                            );
+                            let (before, share) = hub.shared.balance.set_others(others);
+                            if share != before {
+                                tracing::info!(share, %group, "leadership share changed");
+                            }
                         }
                     }
                     Some(Err(error)) => tracing::debug!(%error, "the Lease watch failed; retrying"),
@@ -116,22 +138,19 @@ pub(crate) async fn balance_leases(
         );
         let known: Vec<Lease> = leases.values().cloned().collect();
         let now = tokio::time::Instant::now();
-        peers = !balance::others_in_group(
-            &known,
-            presence.name(),
-            &group,
-            k8s_openapi::jiff::Timestamp::now(),
-            now,
-        )
-        .is_empty();
+        peers =
+            !balance::others_in_group(&known, &sightings, presence.name(), &group, now).is_empty();
         let own = known
             .iter()
             .find(|l| l.metadata.name.as_deref() == Some(presence.name()));
         let renew = balance::presence_due(own, &group, peers, renewed, config.retry_period, now);
         let round = tokio::select! {
             () = stop.cancelled() => break,
-            r = presence.round(&hub.shared.balance, candidates.len(), &group, &known, renew) => r,
+            r = presence.round(
+                &hub.shared.balance, candidates.len(), &group, &known, &sightings, renew,
+            ) => r,
         };
+        counted_group = Some(group);
         match round {
             Ok(_) if renew => renewed = Some(now),
             Ok(_) => {}
@@ -166,6 +185,31 @@ fn to_hand_over<'a>(candidates: &[&'a Arc<Driver>], surplus: usize) -> Vec<&'a A
     leading
 }
 
+/// Records in `sightings` the presence Lease `event` shows; whether the share should be
+/// recounted (a presence Lease applied or deleted, or a re-list done).
+fn sight(
+    sightings: &mut balance::Sightings,
+    event: &kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>,
+) -> bool {
+    use kube::runtime::watcher::Event;
+    let (wall, now) = (
+        k8s_openapi::jiff::Timestamp::now(),
+        tokio::time::Instant::now(),
+    );
+    match event {
+        Event::Apply(l) | Event::InitApply(l) if balance::is_presence(l) => {
+            sightings.saw(l, wall, now);
+            matches!(event, Event::Apply(_))
+        }
+        Event::Delete(l) if balance::is_presence(l) => {
+            sightings.forget(l.metadata.name.as_deref().unwrap_or_default());
+            true
+        }
+        Event::InitDone => true,
+        _ => false,
+    }
+}
+
 /// Whether `event` shows another replica's presence Lease (applied, not deleted).
 fn is_other_presence(
     event: &kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>,
@@ -174,12 +218,7 @@ fn is_other_presence(
     use kube::runtime::watcher::Event;
     match event {
         Event::Apply(l) | Event::InitApply(l) => {
-            l.metadata.name.as_deref() != Some(own)
-                && l.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|m| m.get(crate::names::REPLICA_LABEL))
-                    .is_some_and(|v| v == "true")
+            l.metadata.name.as_deref() != Some(own) && balance::is_presence(l)
         }
         _ => false,
     }

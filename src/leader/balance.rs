@@ -12,7 +12,7 @@
 //! talks to another.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::atomic::{AtomicUsize, Ordering},
     time::Duration,
 };
@@ -120,6 +120,20 @@ impl Balance {
             };
         });
     }
+
+    /// The expiry of each other live replica's presence, as the Lease watch shows it between
+    /// two rounds (the drivers stay as the last round counted them). Returns the share before
+    /// and after. Nothing changes before the first round.
+    pub fn set_others(&self, others: Vec<Instant>) -> (usize, usize) {
+        let before = self.share();
+        self.opening(|| {
+            let mut shares = self.shares.lock();
+            if shares.counted {
+                shares.others = others;
+            }
+        });
+        (before, self.share())
+    }
 }
 
 /// The fair share of `drivers` among `replicas` (at least one replica).
@@ -157,24 +171,95 @@ fn expiry(lease: &Lease, now_wall: Timestamp, now: Instant) -> Option<Instant> {
     Some(now + left)
 }
 
+/// Whether `lease` is a replica's presence Lease (any group).
+pub fn is_presence(lease: &Lease) -> bool {
+    lease
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|m| m.get(REPLICA_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
+/// When each presence Lease stops counting, judged from when *this* replica saw it renewed.
+///
+/// As client-go judges a leader Lease (from the moment it observed the record change, not from
+/// the renew time the holder's clock wrote), a renewal counts for the Lease's duration from the
+/// moment the Lease watch delivered it: a watch that delivers late, or a peer whose clock is
+/// behind ours, does not eat the slack between two renewals (a presence lasts two retry
+/// periods and is renewed every one). A Lease seen for the first time (at start-up, a newcomer)
+/// counts from its written renew time, so that a replica long dead does not count again because
+/// we looked; the same renewal seen again (a re-list) keeps its first sighting.
+#[derive(Debug, Default)]
+pub struct Sightings(HashMap<String, Sighting>);
+
+#[derive(Debug)]
+struct Sighting {
+    /// The renew time the Lease showed.
+    renewed: Option<Timestamp>,
+    /// When it stops counting (`None`: expired when first seen, or not a presence record).
+    expires: Option<Instant>,
+}
+
+impl Sightings {
+    /// Records `lease` as the watch delivers it at `now` (`now_wall` on the wall clock).
+    pub fn saw(&mut self, lease: &Lease, now_wall: Timestamp, now: Instant) {
+        let Some(name) = lease.metadata.name.as_deref() else {
+            return;
+        };
+        let spec = lease.spec.as_ref();
+        let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
+        match self.0.get_mut(name) {
+            Some(known) if known.renewed == renewed => {}
+            Some(known) => {
+                let secs = spec.and_then(|s| s.lease_duration_seconds).unwrap_or(0);
+                known.renewed = renewed;
+                known.expires = renewed
+                    .is_some()
+                    .then(|| now + Duration::from_secs(u64::try_from(secs).unwrap_or(0)));
+            }
+            None => {
+                let expires = expiry(lease, now_wall, now);
+                self.0
+                    .insert(name.to_string(), Sighting { renewed, expires });
+            }
+        }
+    }
+
+    /// Forgets a deleted Lease.
+    pub fn forget(&mut self, name: &str) {
+        self.0.remove(name);
+    }
+
+    /// Keeps only the Leases `known` names (after a re-list).
+    pub fn retain(&mut self, known: impl Fn(&str) -> bool) {
+        self.0.retain(|name, _| known(name));
+    }
+
+    fn expires(&self, name: &str) -> Option<Instant> {
+        self.0.get(name).and_then(|s| s.expires)
+    }
+}
+
 /// The other live replicas of `group` among `leases`, as the local instants at which each
-/// stops counting.
-pub fn others_in_group(
-    leases: &[Lease],
+/// stops counting (by `sightings`).
+pub fn others_in_group<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+    sightings: &Sightings,
     own_name: &str,
     group: &str,
-    now_wall: Timestamp,
     now: Instant,
 ) -> Vec<Instant> {
     leases
-        .iter()
+        .into_iter()
         .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n != own_name))
         .filter(|l| {
             let labels = l.metadata.labels.as_ref();
             let label = |k: &str| labels.and_then(|m| m.get(k)).map(String::as_str);
             label(REPLICA_LABEL) == Some("true") && label(REPLICA_GROUP_LABEL) == Some(group)
         })
-        .filter_map(|l| expiry(l, now_wall, now))
+        .filter_map(|l| sightings.expires(l.metadata.name.as_deref()?))
+        .filter(|expires| *expires > now)
         .collect()
 }
 
@@ -317,13 +402,15 @@ impl Presence {
 
     /// One round: renew our presence in `group` (if `renew`), then publish the share of
     /// `drivers` driver Leases among the live replicas of the group found in `leases` (the
-    /// namespace's Leases, from a watch). Returns the share.
+    /// namespace's Leases, from a watch; when each was seen renewed in `sightings`). Returns
+    /// the share.
     pub async fn round(
         &self,
         balance: &Balance,
         drivers: usize,
         group: &str,
         leases: &[Lease],
+        sightings: &Sightings,
         renew: bool,
     ) -> kube::Result<usize> {
         if renew {
@@ -332,7 +419,7 @@ impl Presence {
                 .find(|l| l.metadata.name.as_deref() == Some(self.name.as_str()));
             self.renew(group, own).await?;
         }
-        let others = others_in_group(leases, &self.name, group, Timestamp::now(), Instant::now());
+        let others = others_in_group(leases, sightings, &self.name, group, Instant::now());
         let before = balance.share();
         balance.set(drivers, others);
         let share = balance.share();
@@ -455,8 +542,93 @@ mod tests {
             presence("attacher-hub-replica-ds-node", "g2", 1, 15, wall),
             Lease::default(),
         ];
-        let others = others_in_group(&leases, "attacher-hub-replica-me", "g1", wall, now);
+        let mut sightings = Sightings::default();
+        for lease in &leases {
+            sightings.saw(lease, wall, now);
+        }
+        let others = others_in_group(&leases, &sightings, "attacher-hub-replica-me", "g1", now);
         assert_eq!(others, vec![now + Duration::from_secs(10)]);
+    }
+
+    /// A peer renewing every 5 s with a presence of 10 s, whose renewals the watch delivers
+    /// 0.2 to 0.6 s late, counts at every moment, in particular just before each renewal
+    /// arrives. (When the share was recounted only at the balancing rounds, every 5 s, a round
+    /// that came just before a renewal arrived kept the previous one, which expired just before
+    /// the next round: the peer counted out for a moment and the share flipped.)
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_whose_renewals_arrive_late_never_counts_out() {
+        let (wall0, t0) = (Timestamp::now(), Instant::now());
+        let peer = |renewed_secs: u64| {
+            let mut l = presence("attacher-hub-replica-peer", "g1", 0, 10, wall0);
+            l.spec.as_mut().expect("spec").renew_time =
+                Some(MicroTime(wall0 + Duration::from_secs(renewed_secs)));
+            l
+        };
+        let mut sightings = Sightings::default();
+        sightings.saw(&peer(0), wall0, t0);
+        let b = Balance::default();
+        let look = |sightings: &Sightings, lease: &Lease| {
+            others_in_group(
+                [lease],
+                sightings,
+                "attacher-hub-replica-me",
+                "g1",
+                Instant::now(),
+            )
+        };
+        b.set(2, look(&sightings, &peer(0)));
+        assert_eq!(b.share(), 1);
+        let lateness = [600, 200, 600, 200, 600];
+        for (i, late_ms) in lateness.into_iter().enumerate() {
+            let renewed = 5 * (u64::try_from(i).expect("small") + 1);
+            // Just before the renewal arrives, the share still counts the peer...
+            tokio::time::sleep_until(t0 + Duration::from_secs(renewed)).await;
+            assert_eq!(b.share(), 1, "before the renewal at {renewed}s arrived");
+            // ...and it arrives late.
+            tokio::time::sleep(Duration::from_millis(late_ms)).await;
+            let now_wall = wall0 + (Instant::now() - t0);
+            sightings.saw(&peer(renewed), now_wall, Instant::now());
+            let (before, after) = b.set_others(look(&sightings, &peer(renewed)));
+            assert_eq!(
+                (before, after),
+                (1, 1),
+                "renewal at {renewed}s, {late_ms} ms late"
+            );
+        }
+        // A peer that stops renewing counts out its duration after its last renewal was seen.
+        let last_seen = Instant::now();
+        tokio::time::sleep_until(last_seen + Duration::from_secs(10) - Duration::from_millis(1))
+            .await;
+        assert_eq!(b.share(), 1);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(b.share(), 2, "expired");
+    }
+
+    /// A presence seen for the first time counts from the renew time written in it (a replica
+    /// dead for a while does not count again because we started), and the same renewal seen
+    /// again after a re-list keeps its first sighting.
+    #[tokio::test(start_paused = true)]
+    async fn a_first_sight_counts_from_the_written_renew_time() {
+        let (wall, now) = (Timestamp::now(), Instant::now());
+        let mut sightings = Sightings::default();
+        let dead = presence("attacher-hub-replica-dead", "g1", 12, 10, wall);
+        let recent = presence("attacher-hub-replica-a", "g1", 4, 10, wall);
+        sightings.saw(&dead, wall, now);
+        sightings.saw(&recent, wall, now);
+        let look = |s: &Sightings, at: Instant| {
+            others_in_group([&dead, &recent], s, "attacher-hub-replica-me", "g1", at)
+        };
+        assert_eq!(look(&sightings, now), vec![now + Duration::from_secs(6)]);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let later = Instant::now();
+        sightings.saw(&recent, wall + Duration::from_secs(3), later);
+        assert_eq!(
+            look(&sightings, later),
+            vec![now + Duration::from_secs(6)],
+            "the same renewal, listed again"
+        );
+        sightings.forget("attacher-hub-replica-a");
+        assert!(look(&sightings, later).is_empty(), "deleted");
     }
 
     #[test]
