@@ -992,6 +992,16 @@ mod tests {
         token.cancel();
     }
 
+    /// An elector of `me` for `lease` with default timings behind `gate`.
+    fn gated_elector(fake: &FakeApi, gate: AcquireGate) -> LeaderElector {
+        LeaderElector::new(
+            Api::namespaced(fake.client(), "default"),
+            Config::new("lease", "default", "me"),
+        )
+        .expect("valid")
+        .with_acquire_gate(gate)
+    }
+
     /// A candidate held back by its gate (a replica at its share) tries the moment the gate
     /// signals that it opened, not at its next jittered attempt (5-11 s with these timings).
     #[tokio::test(start_paused = true)]
@@ -1004,12 +1014,7 @@ mod tests {
             AcquireGate::new(move || open.load(std::sync::atomic::Ordering::SeqCst))
                 .woken_by(opened_rx)
         };
-        let elector = LeaderElector::new(
-            Api::namespaced(fake.client(), "default"),
-            Config::new("lease", "default", "me"),
-        )
-        .expect("valid")
-        .with_acquire_gate(gate);
+        let elector = gated_elector(&fake, gate);
         let token = CancellationToken::new();
         let (mut rx, _handle) = elector.spawn(token.clone());
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1049,12 +1054,7 @@ mod tests {
             })
             .woken_by(opened_rx)
         };
-        let elector = LeaderElector::new(
-            Api::namespaced(fake.client(), "default"),
-            Config::new("lease", "default", "me"),
-        )
-        .expect("valid")
-        .with_acquire_gate(gate);
+        let elector = gated_elector(&fake, gate);
         let token = CancellationToken::new();
         let start = Instant::now();
         let (mut rx, _handle) = elector.spawn(token.clone());
