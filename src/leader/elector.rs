@@ -765,6 +765,15 @@ mod tests {
         fake.get(Some("default"), "lease")
     }
 
+    /// The stored Lease's holder renews it, writing `secs` (since the epoch) as its renew time.
+    fn renew_stored(fake: &FakeApi, secs: i64) {
+        let mut lease = stored_lease(fake).expect("lease");
+        let mut r = stored_record(fake);
+        r.renew_time = Some(MicroTime(Timestamp::constant(secs, 0)));
+        lease.spec = Some(r.to_spec());
+        fake.put(&lease);
+    }
+
     fn stored_record(fake: &FakeApi) -> Record {
         Record::from_spec(stored_lease(fake).as_ref().and_then(|l| l.spec.as_ref()))
     }
@@ -833,11 +842,7 @@ mod tests {
         let (rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
         for i in 0..20 {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let mut lease = stored_lease(&fake).expect("lease");
-            let mut r = stored_record(&fake);
-            r.renew_time = Some(MicroTime(Timestamp::constant(i, 0)));
-            lease.spec = Some(r.to_spec());
-            fake.put(&lease);
+            renew_stored(&fake, i);
             assert!(!rx.borrow().is_leading());
         }
         assert_eq!(stored_record(&fake).holder, "other");
@@ -979,11 +984,7 @@ mod tests {
         // The holder renews three times, each renewal seen through the watch, then dies.
         for i in 0..3 {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            let mut lease = stored_lease(&fake).expect("lease");
-            let mut r = stored_record(&fake);
-            r.renew_time = Some(MicroTime(Timestamp::constant(1000 + i, 0)));
-            lease.spec = Some(r.to_spec());
-            fake.put(&lease);
+            renew_stored(&fake, 1000 + i);
             feed.send_replace(Some(Seen::now(stored_lease(&fake))));
         }
         let died = Instant::now();
@@ -1133,11 +1134,7 @@ mod tests {
         // "other" renews for a while: nothing to take, nothing asked.
         for i in 0..3 {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let mut lease = stored_lease(&fake).expect("lease");
-            let mut r = stored_record(&fake);
-            r.renew_time = Some(MicroTime(Timestamp::constant(i, 0)));
-            lease.spec = Some(r.to_spec());
-            fake.put(&lease);
+            renew_stored(&fake, i);
         }
         assert_eq!(asked.load(Ordering::SeqCst), 0);
         // It stops renewing: once expired, the check is asked, says no, and the Lease stays.
