@@ -295,6 +295,18 @@ mod tests {
     use crate::hub::driver::guard::guarded;
     use crate::hub::driver::rig::{DRIVER, LEASE, RETRY, Rig, for_a_while, until};
 
+    /// One term of the rig's driver, without a Lease guard.
+    fn term_of<'a>(
+        rig: &'a Rig,
+        stop: &'a CancellationToken,
+        handler: &'a Arc<Handler>,
+        losses: &'a mut watch::Receiver<u64>,
+    ) -> impl Future<Output = Term> + 'a {
+        rig.driver
+            .clone()
+            .serve_term(&rig.hub.shared, stop, DRIVER, handler, losses, None)
+    }
+
     /// The balance loop asks a driver over the replica's share to hand over, and asks again at
     /// its next round while the driver drains (it still leads until its Lease is vacated). The
     /// second request must end with the term: the driver's next term leads and keeps leading,
@@ -307,28 +319,14 @@ mod tests {
         let (_loss, mut losses) = watch::channel(0u64);
         let leading = || rig.driver.state() == State::Leading;
         {
-            let mut term = pin!(rig.driver.clone().serve_term(
-                &rig.hub.shared,
-                &stop,
-                DRIVER,
-                &handler,
-                &mut losses,
-                None,
-            ));
+            let mut term = pin!(term_of(&rig, &stop, &handler, &mut losses));
             until(term.as_mut(), "it leads", leading).await;
             rig.driver.hand_over();
             rig.driver.hand_over();
             assert!(matches!(term.await, Term::HandedOver));
         }
         assert_eq!(rig.hub.shared.balance.leading(), 0);
-        let mut term = pin!(rig.driver.clone().serve_term(
-            &rig.hub.shared,
-            &stop,
-            DRIVER,
-            &handler,
-            &mut losses,
-            None,
-        ));
+        let mut term = pin!(term_of(&rig, &stop, &handler, &mut losses));
         until(term.as_mut(), "it leads again", leading).await;
         for_a_while(
             term.as_mut(),
@@ -353,14 +351,7 @@ mod tests {
         let stop = CancellationToken::new();
         let (loss, mut losses) = watch::channel(0u64);
         let holder = || rig.driver.describe()["leaseHolder"].clone();
-        let mut term = pin!(rig.driver.clone().serve_term(
-            &rig.hub.shared,
-            &stop,
-            DRIVER,
-            &handler,
-            &mut losses,
-            None,
-        ));
+        let mut term = pin!(term_of(&rig, &stop, &handler, &mut losses));
         until(term.as_mut(), "it leads", || {
             rig.driver.state() == State::Leading
         })
@@ -388,14 +379,7 @@ mod tests {
         let stop = CancellationToken::new();
         let (_loss, mut losses) = watch::channel(0u64);
         let panicked = guarded(async {
-            let mut term = pin!(rig.driver.clone().serve_term(
-                &rig.hub.shared,
-                &stop,
-                DRIVER,
-                &handler,
-                &mut losses,
-                None,
-            ));
+            let mut term = pin!(term_of(&rig, &stop, &handler, &mut losses));
             until(term.as_mut(), "it leads", || {
                 rig.driver.state() == State::Leading
             })
