@@ -195,6 +195,22 @@ async fn two_rust_electors_hand_over_on_release_and_on_expiry() {
     let (first, _) = wait_any_leading(&all, Duration::from_secs(10)).await;
     let leader = all.remove(first);
     assert_eq!(holder(&leases, &lease).await, leader.identity);
+    // An operator annotates the Lease between two renewals (the leader's next update then
+    // conflicts and goes through a read). Renewals send no managedFields, which keeps the
+    // stored ones: the operator's entry must survive them, and so must the annotation.
+    let annotated = leases
+        .patch(
+            &lease,
+            &kube::api::PatchParams {
+                field_manager: Some("an-operator".to_string()),
+                ..Default::default()
+            },
+            &kube::api::Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {"example.com/note": "kept"}}
+            })),
+        )
+        .await
+        .expect("annotate the Lease");
     // Hold for longer than a lease duration: renewals keep the others out.
     tokio::time::sleep(lease_duration + retry * 2).await;
     assert!(leader.rx.borrow().is_leading());
@@ -207,6 +223,29 @@ async fn two_rust_electors_hand_over_on_release_and_on_expiry() {
         );
     }
     let got = leases.get(&lease).await.expect("Lease");
+    assert!(
+        got.metadata.resource_version != annotated.metadata.resource_version,
+        "no renewal after the annotation"
+    );
+    assert_eq!(
+        got.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("example.com/note"))
+            .map(String::as_str),
+        Some("kept")
+    );
+    let managers: Vec<&str> = got
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|e| e.manager.as_deref())
+        .collect();
+    assert!(
+        managers.contains(&"an-operator") && managers.len() >= 2,
+        "managed fields after renewals: {managers:?}"
+    );
     let spec = got.spec.expect("spec");
     assert_eq!(spec.lease_duration_seconds, Some(2));
     assert_eq!(

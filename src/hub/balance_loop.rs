@@ -38,7 +38,7 @@ pub(crate) async fn balance_leases(
     config: BalanceConfig,
     stop: CancellationToken,
 ) {
-    use futures::StreamExt;
+    use futures::{StreamExt, TryStreamExt};
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::runtime::{WatchStreamExt, watcher};
 
@@ -51,19 +51,25 @@ pub(crate) async fn balance_leases(
         .saturating_sub(config.retry_period)
         .max(config.retry_period * 2);
     let presence = Presence::new(
-        api.clone(),
+        api,
         &config.identity,
         presence_duration,
         config.retry_period,
     );
     let mut leases: HashMap<String, Lease> = HashMap::new();
     let mut listing: HashMap<String, Lease> = HashMap::new();
+    // Every driver Lease's renewals come back through this watch: read without their managed
+    // fields (`LeanLease`), which nothing here needs.
     let mut events = watcher(
-        api,
+        kube::Api::<crate::leader::LeanLease>::namespaced(
+            hub.shared.leader_client.clone(),
+            &config.namespace,
+        ),
         watcher::Config::default()
             .timeout(u32::try_from(crate::k8s::WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX)),
     )
     .backoff(router::WatchBackoff::default())
+    .map_ok(lease_event)
     .boxed();
 
     // The first share must count every configured driver, not the few started so far.
@@ -136,12 +142,19 @@ pub(crate) async fn balance_leases(
                 .iter()
                 .map(|d| d.settings().address.path().to_str().unwrap_or_default()),
         );
-        let known: Vec<Lease> = leases.values().cloned().collect();
+        let known: Vec<&Lease> = leases.values().collect();
         let now = tokio::time::Instant::now();
-        peers =
-            !balance::others_in_group(&known, &sightings, presence.name(), &group, now).is_empty();
+        peers = !balance::others_in_group(
+            known.iter().copied(),
+            &sightings,
+            presence.name(),
+            &group,
+            now,
+        )
+        .is_empty();
         let own = known
             .iter()
+            .copied()
             .find(|l| l.metadata.name.as_deref() == Some(presence.name()));
         let renew = balance::presence_due(own, &group, peers, renewed, config.retry_period, now);
         let round = tokio::select! {
@@ -207,6 +220,20 @@ fn sight(
         }
         Event::InitDone => true,
         _ => false,
+    }
+}
+
+/// `event` with the Lease it carries.
+fn lease_event(
+    event: kube::runtime::watcher::Event<crate::leader::LeanLease>,
+) -> kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease> {
+    use kube::runtime::watcher::Event;
+    match event {
+        Event::Apply(l) => Event::Apply(l.0),
+        Event::Delete(l) => Event::Delete(l.0),
+        Event::Init => Event::Init,
+        Event::InitApply(l) => Event::InitApply(l.0),
+        Event::InitDone => Event::InitDone,
     }
 }
 

@@ -409,17 +409,24 @@ impl Presence {
         balance: &Balance,
         drivers: usize,
         group: &str,
-        leases: &[Lease],
+        leases: &[&Lease],
         sightings: &Sightings,
         renew: bool,
     ) -> kube::Result<usize> {
         if renew {
             let own = leases
                 .iter()
+                .copied()
                 .find(|l| l.metadata.name.as_deref() == Some(self.name.as_str()));
             self.renew(group, own).await?;
         }
-        let others = others_in_group(leases, sightings, &self.name, group, Instant::now());
+        let others = others_in_group(
+            leases.iter().copied(),
+            sightings,
+            &self.name,
+            group,
+            Instant::now(),
+        );
         let before = balance.share();
         balance.set(drivers, others);
         let share = balance.share();

@@ -17,6 +17,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::Config;
 use super::error::{Error, Result};
+use super::lean::LeanLease;
 use super::record::{
     Observed, Record, acquire_record, create_record, held_by_other, is_lease_valid, observe,
     release_record,
@@ -83,8 +84,8 @@ enum LeadEnd {
 /// A leader elector for one Lease; [`LeaderElector::spawn`] runs it.
 #[derive(Debug)]
 pub struct LeaderElector {
-    /// API for Leases in `config.namespace`.
-    api: Api<Lease>,
+    /// API for Leases in `config.namespace`, read without their managed fields.
+    api: Api<LeanLease>,
     /// Validated settings.
     config: Config,
     /// Shared view for HTTP endpoints.
@@ -191,7 +192,7 @@ impl LeaderElector {
         config.validate()?;
         let (tx, _) = watch::channel(Leadership::Standby { holder: None });
         Ok(LeaderElector {
-            api,
+            api: Api::namespaced(api.into_client(), &config.namespace),
             status: Status::new(&config),
             config,
             tx,
@@ -542,6 +543,7 @@ impl LeaderElector {
     async fn read(&self, deadline: Instant) -> Result<Option<Lease>> {
         self.timed(deadline, self.api.get_opt(&self.config.name))
             .await?
+            .map(|lease| lease.map(LeanLease::into_inner))
             .map_err(|source| Error::Get {
                 namespace: self.config.namespace.clone(),
                 name: self.config.name.clone(),
@@ -571,8 +573,12 @@ impl LeaderElector {
             spec: Some(record.to_spec()),
         };
         let created = self
-            .timed(deadline, self.api.create(&PostParams::default(), &lease))
+            .timed(
+                deadline,
+                self.api.create(&PostParams::default(), &LeanLease(lease)),
+            )
             .await?
+            .map(LeanLease::into_inner)
             .map_err(|source| Error::Create {
                 namespace: self.config.namespace.clone(),
                 name: self.config.name.clone(),
@@ -597,9 +603,10 @@ impl LeaderElector {
             .timed(
                 deadline,
                 self.api
-                    .replace(&self.config.name, &PostParams::default(), &lease),
+                    .replace(&self.config.name, &PostParams::default(), &LeanLease(lease)),
             )
             .await?
+            .map(LeanLease::into_inner)
             .map_err(|source| Error::Update {
                 namespace: self.config.namespace.clone(),
                 name: self.config.name.clone(),

@@ -329,8 +329,8 @@ struct Looks {
 /// the cadence and what it costs.
 #[derive(Debug)]
 pub struct Guard {
-    /// Leases in all namespaces (the leader-election client).
-    api: Api<Lease>,
+    /// Leases in all namespaces (the leader-election client), read without managed fields.
+    api: Api<super::LeanLease>,
     /// The Lease name.
     name: String,
     /// The candidate's own Lease namespace (not foreign).
@@ -367,7 +367,7 @@ impl Guard {
         lease_duration: Duration,
     ) -> Arc<Self> {
         Arc::new(Guard {
-            api,
+            api: Api::all(api.into_client()),
             name: name.into(),
             namespace: namespace.into(),
             identity: identity.into(),
@@ -516,7 +516,7 @@ impl Guard {
         Ok(leases
             .items
             .into_iter()
-            .filter_map(|l| {
+            .filter_map(|super::LeanLease(l)| {
                 let ns = l.metadata.namespace.clone()?;
                 (ns != self.namespace).then(|| (ns, Record::from_spec(l.spec.as_ref())))
             })

@@ -43,6 +43,7 @@ pub mod elector;
 pub mod error;
 pub mod guard;
 pub mod identity;
+pub mod lean;
 pub mod record;
 pub mod status;
 pub mod timing;
@@ -53,5 +54,6 @@ pub use config::{
 pub use elector::{AcquireGate, LeaderElector, Leadership, Seen};
 pub use error::{Error, Result};
 pub use identity::{default_identity, resolve_namespace};
+pub use lean::LeanLease;
 pub use status::{HEALTH_TOLERANCE, HealthError, Status};
 pub use timing::{JITTER_FACTOR, MIN_LEASE_DURATION, TimingError};
