@@ -19,8 +19,10 @@ cd "$repo"
 dir=${BENCH_CLUSTER_DIR:-$repo/.work/bench-cluster}
 profile=${BENCH_PROFILE:---release}
 
-# Build first, so that compiling does not compete with the measurements.
+# Build first, so that compiling does not compete with the measurements (the mock driver
+# too: the benchmark would otherwise build it while it measures the API server's write rate).
 cargo test $profile --test bench --test bench_e2e --no-run
+cargo build $profile --quiet --package mock-csi-driver --bin mock-csi-driver
 
 # A fresh control plane: whatever an earlier run left is thrown away.
 scripts/cluster-down.sh "$dir" >/dev/null 2>&1 || true
