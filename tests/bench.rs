@@ -509,7 +509,8 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
     let mut md = report::render(&results, &checks, &ctx);
     md.push_str(&scale_report::render(&scale_results, &scale_checks));
     checks.extend(scale_checks);
-    let target_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    // Where cargo builds (`CARGO_TARGET_DIR` included), as `tests/bench/run.sh` expects.
+    let target_dir = support::target_dir();
     if let Some(svg) = plot::svg(&scale_results) {
         let file = target_dir.join("bench-scale.svg");
         std::fs::write(&file, svg).expect("write target/bench-scale.svg");

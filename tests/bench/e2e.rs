@@ -22,7 +22,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -650,6 +649,6 @@ fn report(k: &Knobs, samples: &BTreeMap<&'static str, Vec<Sample>>) -> String {
 
 /// Writes the report next to the main one.
 pub(crate) fn write_report(md: &str) {
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-e2e-report.md");
+    let target = crate::support::target_dir().join("bench-e2e-report.md");
     std::fs::write(&target, md).expect("write target/bench-e2e-report.md");
 }

@@ -12,12 +12,14 @@
 # target/bench-e2e-report.md and is appended to target/bench-report.md.
 # BENCH_E2E=0 skips it; BENCH_E2E_ONLY=1 runs only it (then the main report is
 # left as it was); sizes: BENCH_E2E_* (tests/bench/e2e.rs).
-# BENCH_CLUSTER_DIR overrides the control plane's directory (.work/bench-cluster).
+# BENCH_CLUSTER_DIR overrides the control plane's directory (.work/bench-cluster). With
+# CARGO_TARGET_DIR set, the reports go there instead of target/.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 dir=${BENCH_CLUSTER_DIR:-$repo/.work/bench-cluster}
 profile=${BENCH_PROFILE:---release}
+target=${CARGO_TARGET_DIR:-$repo/target}
 
 # Build first, so that compiling does not compete with the measurements (the mock driver
 # too: the benchmark would otherwise build it while it measures the API server's write rate).
@@ -42,10 +44,10 @@ fi
 if [ "${BENCH_E2E:-1}" != 0 ]; then
   t0=$(date +%s)
   scripts/cluster-up.sh --controller-manager "$dir" >/dev/null
-  rm -f target/bench-e2e-report.md
+  rm -f "$target/bench-e2e-report.md"
   cargo test $profile --test bench_e2e -- --ignored --nocapture --test-threads=1
-  if [ "${BENCH_E2E_ONLY:-0}" != 1 ] && [ -f target/bench-e2e-report.md ]; then
-    { echo; cat target/bench-e2e-report.md; } >> target/bench-report.md
+  if [ "${BENCH_E2E_ONLY:-0}" != 1 ] && [ -f "$target/bench-e2e-report.md" ]; then
+    { echo; cat "$target/bench-e2e-report.md"; } >> "$target/bench-report.md"
   fi
   echo "bench: end-to-end configuration finished in $(( $(date +%s) - t0 )) s" >&2
 fi

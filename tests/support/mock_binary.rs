@@ -10,6 +10,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+/// The target directory of this build (`target`, or wherever `CARGO_TARGET_DIR` put it): the
+/// parent of the directory that holds the attacher-hub binary.
+pub(crate) fn target_dir() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_attacher-hub"))
+        .parent()
+        .and_then(Path::parent)
+        .expect("the target directory")
+}
+
 /// `target/<profile>/mock-csi-driver`, built if needed. Panics with cargo's output if the build
 /// fails: a test that needs the mock cannot run without it.
 pub(crate) fn mock_csi_driver_bin() -> &'static Path {
@@ -19,7 +28,7 @@ pub(crate) fn mock_csi_driver_bin() -> &'static Path {
         let profile_dir = Path::new(env!("CARGO_BIN_EXE_attacher-hub"))
             .parent()
             .expect("the binary's directory");
-        let target_dir = profile_dir.parent().expect("the target directory");
+        let target_dir = target_dir();
         let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
             Some("debug") | None => "dev",
             Some(other) => other,

@@ -34,7 +34,7 @@ pub(crate) use fixtures::{
 };
 pub(crate) use local::{http_get, http_get_at, repo, tool};
 pub(crate) use manifests::{documents, kind, kubectl, kustomize, name, namespace, run};
-pub(crate) use mock_binary::mock_csi_driver_bin;
+pub(crate) use mock_binary::{mock_csi_driver_bin, target_dir};
 pub(crate) use mock_process::MockProcess;
 pub(crate) use names::{test_name, unique_driver_name, unique_name};
 pub(crate) use pd::{
