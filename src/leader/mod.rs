@@ -33,8 +33,9 @@
 //!
 //! The parts: [`config`] (settings and their checks), [`record`] (the Lease codec), [`elector`]
 //! (the loop), [`status`] (the health view), [`identity`] (holder identity and namespace),
-//! [`balance`] (spreading driver Leases across hub replicas) and [`guard`] (no leading while
-//! another holder renews a Lease of the same name in another namespace). It uses only [`crate::names`],
+//! [`balance`] (spreading driver Leases across hub replicas), [`guard`] (no leading while
+//! another holder renews a Lease of the same name in another namespace) and [`lean`] (Leases
+//! read without their managed fields). It uses only [`crate::names`],
 //! [`crate::random`] and [`crate::telemetry`] of the crate (and kube).
 
 pub mod balance;
