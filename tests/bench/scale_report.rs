@@ -184,7 +184,11 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
                     md,
                     "| {n} | {}{} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} |",
                     c.label(n),
-                    if p.scaled { " (10 ran; × N/10)" } else { "" },
+                    if p.scaled {
+                        " (10 ran idle; × N/10)"
+                    } else {
+                        ""
+                    },
                     p.processes,
                     p.idle_rss,
                     p.idle_cpu_millicores,
@@ -193,7 +197,7 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
                     opt(p.throughput, 1),
                     opt(p.p50, 2),
                     opt(p.p99, 2),
-                    p.duplicate_publishes,
+                    p.duplicate_publishes.map_or("—".into(), |d| d.to_string()),
                 );
             }
             if let (Some(h), Some(f)) = (point(r, Contender::Hub, n), point(r, Contender::Fleet, n))
