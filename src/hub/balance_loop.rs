@@ -1,6 +1,7 @@
 //! The leadership-balancing task of a hub replica: keeps its presence Lease, recomputes its
-//! share of driver Leases from one watch of the namespace's Leases, hands surplus drivers over,
-//! and feeds every driver Lease it sees to that Lease's elector.
+//! share of driver Leases from a watch of the namespace's presence Leases, hands surplus drivers
+//! over, and, while some elector can use it, feeds every driver Lease a second watch sees to
+//! that Lease's elector.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -29,18 +30,19 @@ pub struct BalanceConfig {
 }
 
 /// Keeps this replica's presence Lease, recomputes its share of driver Leases, and hands
-/// surplus drivers over to other replicas. One watch on the namespace's Leases tells which
-/// replicas of our group are alive and when a driver Lease is handed over, so that a replica
-/// below its share takes it at once (no gap between the giver's release and the taker's
-/// next retry).
+/// surplus drivers over to other replicas. A watch on the namespace's presence Leases tells
+/// which replicas of our group are alive. A second watch, on all of the namespace's Leases,
+/// tells the electors that wait for a Lease when it is renewed or handed over, so that a
+/// replica below its share takes a Lease at once (no gap between the giver's release and the
+/// taker's next retry); it runs only while such an elector may exist ([`feed_wanted`]), since
+/// every renewal of every driver Lease comes back through it.
 pub(crate) async fn balance_leases(
     hub: Arc<Context>,
     config: BalanceConfig,
     stop: CancellationToken,
 ) {
-    use futures::{StreamExt, TryStreamExt};
+    use futures::StreamExt;
     use k8s_openapi::api::coordination::v1::Lease;
-    use kube::runtime::{WatchStreamExt, watcher};
 
     let api = kube::Api::<Lease>::namespaced(hub.shared.leader_client.clone(), &config.namespace);
     // A replica's presence expires before its driver Leases do (they are renewed as often and
@@ -58,19 +60,10 @@ pub(crate) async fn balance_leases(
     );
     let mut leases: HashMap<String, Lease> = HashMap::new();
     let mut listing: HashMap<String, Lease> = HashMap::new();
-    // Every driver Lease's renewals come back through this watch: read without their managed
-    // fields (`LeanLease`), which nothing here needs.
-    let mut events = watcher(
-        kube::Api::<crate::leader::LeanLease>::namespaced(
-            hub.shared.leader_client.clone(),
-            &config.namespace,
-        ),
-        watcher::Config::default()
-            .timeout(u32::try_from(crate::k8s::WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX)),
-    )
-    .backoff(router::WatchBackoff::default())
-    .map_ok(lease_event)
-    .boxed();
+    let mut events = lease_watch(&hub, &config.namespace, true);
+    // Until the first round says otherwise, every elector may be waiting.
+    let mut feed = Some(lease_watch(&hub, &config.namespace, false));
+    let mut given_up = hub.shared.balance.given_up();
 
     // The first share must count every configured driver, not the few started so far.
     tokio::select! {
@@ -93,6 +86,21 @@ pub(crate) async fn balance_leases(
                 tick.reset_immediately();
                 continue;
             }
+            // A driver Lease given up: its elector waits for the Lease again, fed from now on.
+            Ok(()) = given_up.changed() => {
+                if feed.is_none() {
+                    tracing::debug!("a driver Lease was given up; watching the driver Leases");
+                    feed = Some(lease_watch(&hub, &config.namespace, false));
+                }
+                continue;
+            }
+            Some(event) = next_or_pending(feed.as_mut()) => {
+                match event {
+                    Ok(event) => feed_electors(&hub.shared, &event),
+                    Err(error) => tracing::debug!(%error, "the driver Lease watch failed; retrying"),
+                }
+                continue;
+            }
             event = events.next() => {
                 match event {
                     Some(Ok(event)) => {
@@ -100,7 +108,7 @@ pub(crate) async fn balance_leases(
                         // so that the newcomer counts it.
                         let newcomer = !peers && is_other_presence(&event, presence.name());
                         let recount = sight(&mut sightings, &event);
-                        apply_lease_event(&hub.shared, &mut leases, &mut listing, event);
+                        apply_lease_event(&mut leases, &mut listing, event);
                         if recount {
                             sightings.retain(|name| leases.contains_key(name));
                         }
@@ -171,6 +179,24 @@ pub(crate) async fn balance_leases(
                 tracing::warn!(%error, "renewing replica presence failed");
                 continue;
             }
+        }
+        let wanted = feed_wanted(peers, candidates.len(), hub.shared.balance.leading());
+        match (wanted, feed.is_some()) {
+            (true, false) => {
+                tracing::debug!(peers, "watching the driver Leases");
+                feed = Some(lease_watch(&hub, &config.namespace, false));
+            }
+            (false, true) => {
+                tracing::debug!(
+                    "every driver led here and no peer: not watching the driver Leases"
+                );
+                feed = None;
+                // What was fed grows stale from now on: a later elector starts from its own read.
+                for f in hub.shared.lease_feeds.iter() {
+                    f.send_replace(None);
+                }
+            }
+            _ => {}
         }
         for d in to_hand_over(&candidates, hub.shared.balance.surplus()) {
             tracing::info!(
@@ -251,37 +277,96 @@ fn is_other_presence(
     }
 }
 
-/// Keeps `leases` in step with the Lease watch and passes every driver Lease it sees to that
-/// Lease's elector (which then knows of renewals, releases and deletions at once).
+/// A Lease event as the watches pass it on.
+type LeaseEvent = kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>;
+
+/// A watch of the namespace's Leases, read without their managed fields (`LeanLease`), which
+/// nothing here needs: only the presence Leases, or all of them.
+fn lease_watch(
+    hub: &Context,
+    namespace: &str,
+    presence_only: bool,
+) -> futures::stream::BoxStream<'static, Result<LeaseEvent, kube::runtime::watcher::Error>> {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let mut config = watcher::Config::default()
+        .timeout(u32::try_from(crate::k8s::WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX));
+    if presence_only {
+        config = config.labels(&format!("{}=true", crate::names::REPLICA_LABEL));
+    }
+    watcher(
+        kube::Api::<crate::leader::LeanLease>::namespaced(
+            hub.shared.leader_client.clone(),
+            namespace,
+        ),
+        config,
+    )
+    .backoff(router::WatchBackoff::default())
+    .map_ok(lease_event)
+    .boxed()
+}
+
+/// The next item of `stream`; never, without one.
+async fn next_or_pending<S: futures::Stream + Unpin>(stream: Option<&mut S>) -> Option<S::Item> {
+    use futures::StreamExt;
+    match stream {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether the driver Lease watch should run: while another replica of the group is alive
+/// (hand-overs between replicas), or while fewer driver Leases are held than there are drivers
+/// with leader election (an elector of ours may be waiting for a Lease: a Go sidecar's, one
+/// another replica holds, or a dead holder's). A lone replica that leads every driver has no
+/// use for it: each renewal of its own Leases would come back through it, a second read of
+/// every renewal for nothing (a leader learns that its Lease was taken from its next renewal,
+/// as client-go's does).
+fn feed_wanted(peers: bool, drivers: usize, leading: usize) -> bool {
+    peers || leading < drivers
+}
+
+/// Keeps `leases` (the presence Leases) in step with their watch.
 fn apply_lease_event(
-    shared: &crate::hub::driver::context::Shared,
     leases: &mut HashMap<String, k8s_openapi::api::coordination::v1::Lease>,
     listing: &mut HashMap<String, k8s_openapi::api::coordination::v1::Lease>,
-    event: kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>,
+    event: LeaseEvent,
 ) {
     use kube::runtime::watcher::Event;
     let name =
         |l: &k8s_openapi::api::coordination::v1::Lease| l.metadata.name.clone().unwrap_or_default();
-    let feed = |name: &str, lease: Option<&k8s_openapi::api::coordination::v1::Lease>| {
-        if let Some(tx) = shared.lease_feeds.get(name) {
-            tx.send_replace(Some(crate::leader::Seen::now(lease.cloned())));
-        }
-    };
     match event {
         Event::Apply(lease) => {
-            feed(&name(&lease), Some(&lease));
             leases.insert(name(&lease), lease);
         }
         Event::InitApply(lease) => {
-            feed(&name(&lease), Some(&lease));
             listing.insert(name(&lease), lease);
         }
         Event::Delete(lease) => {
-            feed(&name(&lease), None);
             leases.remove(&name(&lease));
         }
         Event::Init => listing.clear(),
         Event::InitDone => std::mem::swap(leases, listing),
+    }
+}
+
+/// Passes the driver Lease `event` shows to that Lease's elector (which then knows of
+/// renewals, releases and deletions at once).
+fn feed_electors(shared: &crate::hub::driver::context::Shared, event: &LeaseEvent) {
+    use kube::runtime::watcher::Event;
+    let (lease, seen) = match event {
+        Event::Apply(l) | Event::InitApply(l) => (l, Some(l.clone())),
+        Event::Delete(l) => (l, None),
+        Event::Init | Event::InitDone => return,
+    };
+    if let Some(tx) = lease
+        .metadata
+        .name
+        .as_deref()
+        .and_then(|n| shared.lease_feeds.get(n))
+    {
+        tx.send_replace(Some(crate::leader::Seen::now(seen)));
     }
 }
 
@@ -346,21 +431,40 @@ mod tests {
         l
     }
 
-    /// The Lease watch keeps the replica's view of the namespace's Leases (a re-list replaces
-    /// it whole) and passes each copy of a driver Lease to that Lease's elector.
+    /// The presence watch keeps the replica's view of the presence Leases (a re-list replaces
+    /// it whole).
+    #[test]
+    fn the_presence_watch_keeps_the_view() {
+        let (mut leases, mut listing) = (HashMap::new(), HashMap::new());
+        let mut apply = |e| apply_lease_event(&mut leases, &mut listing, e);
+        apply(Event::Init);
+        apply(Event::InitApply(lease("presence-x", "x")));
+        apply(Event::InitApply(lease("presence-y", "y")));
+        apply(Event::InitDone);
+        apply(Event::Delete(lease("presence-y", "y")));
+        apply(Event::Apply(lease("presence-z", "z")));
+        let mut kept: Vec<&String> = leases.keys().collect();
+        kept.sort();
+        assert_eq!(kept, ["presence-x", "presence-z"]);
+        // A re-list without presence-x forgets it.
+        let (mut leases2, mut listing2) = (leases.clone(), HashMap::new());
+        let mut apply = |e| apply_lease_event(&mut leases2, &mut listing2, e);
+        apply(Event::Init);
+        apply(Event::InitApply(lease("presence-z", "z")));
+        apply(Event::InitDone);
+        let kept: Vec<&String> = leases2.keys().collect();
+        assert_eq!(kept, ["presence-z"]);
+    }
+
+    /// The driver Lease watch passes each copy of a driver Lease, and its deletion, to that
+    /// Lease's elector, and nothing of other Leases.
     #[tokio::test(start_paused = true)]
-    async fn the_lease_watch_keeps_the_view_and_feeds_each_electors_lease() {
+    async fn the_driver_lease_watch_feeds_each_electors_lease() {
         let caches = TestStores::new();
         let hub = context(&FakeApi::default(), caches.stores.clone());
         let shared = &hub.shared;
         let (feed, mut seen) = tokio::sync::watch::channel(None);
         shared.lease_feeds.insert("lease-a".into(), feed);
-        let (mut leases, mut listing) = (HashMap::new(), HashMap::new());
-        let mut apply = |e| apply_lease_event(shared, &mut leases, &mut listing, e);
-        apply(Event::Init);
-        apply(Event::InitApply(lease("lease-a", "other")));
-        apply(Event::InitApply(lease("presence-x", "x")));
-        apply(Event::InitDone);
         let holder = |s: &tokio::sync::watch::Receiver<Option<crate::leader::Seen>>| {
             s.borrow().as_ref().map(|seen| {
                 seen.lease
@@ -369,19 +473,31 @@ mod tests {
                     .and_then(|s| s.holder_identity)
             })
         };
+        feed_electors(shared, &Event::Init);
+        feed_electors(shared, &Event::InitApply(lease("presence-x", "x")));
+        feed_electors(shared, &Event::InitDone);
+        assert!(
+            !seen.has_changed().expect("open"),
+            "not this elector's Lease"
+        );
+        feed_electors(shared, &Event::InitApply(lease("lease-a", "other")));
         assert_eq!(holder(&seen), Some(Some("other".into())));
         seen.mark_unchanged();
-        apply(Event::Apply(lease("lease-a", "")));
+        feed_electors(shared, &Event::Apply(lease("lease-a", "")));
         assert!(seen.has_changed().expect("open"));
         assert_eq!(holder(&seen), Some(Some(String::new())));
-        apply(Event::Delete(lease("lease-a", "")));
+        feed_electors(shared, &Event::Delete(lease("lease-a", "")));
         assert_eq!(holder(&seen), Some(None), "deleted");
-        // A re-list without presence-x forgets it.
-        apply(Event::Init);
-        apply(Event::InitApply(lease("lease-b", "me")));
-        apply(Event::InitDone);
-        let mut kept: Vec<&String> = leases.keys().collect();
-        kept.sort();
-        assert_eq!(kept, ["lease-b"]);
+    }
+
+    /// A lone replica that leads every driver does not watch the driver Leases; one that does
+    /// not lead them all, or has a peer, does.
+    #[test]
+    fn the_driver_lease_watch_runs_only_while_an_elector_may_wait() {
+        assert!(!feed_wanted(false, 100, 100));
+        assert!(!feed_wanted(false, 0, 0));
+        assert!(feed_wanted(false, 100, 99), "one driver is not led here");
+        assert!(feed_wanted(true, 100, 100), "a peer may hand a Lease over");
+        assert!(feed_wanted(true, 2, 1));
     }
 }

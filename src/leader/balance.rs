@@ -41,6 +41,9 @@ pub struct Balance {
     /// Bumped when this replica may acquire a driver Lease where it could not before, so
     /// that gated electors try at once.
     opened: tokio::sync::watch::Sender<u64>,
+    /// Bumped when a driver Lease is given up, so that the balancing task feeds the driver's
+    /// next elector at once.
+    given_up: tokio::sync::watch::Sender<u64>,
 }
 
 /// The inputs of the fair share.
@@ -70,7 +73,14 @@ impl Balance {
                     .leading
                     .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
             });
+            self.given_up.send_modify(|n| *n = n.wrapping_add(1));
         }
+    }
+
+    /// Signals each driver Lease given up, after [`Balance::leading`] counts it out (the value
+    /// itself means nothing).
+    pub fn given_up(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.given_up.subscribe()
     }
 
     /// Changes of [`Balance::may_acquire`] from no to yes (the value itself means nothing).

@@ -168,12 +168,15 @@ impl Driver {
             let key = claim.key().to_owned();
             shared.metrics.observe_wait(&driver, queue.name(), waited);
             let started = Instant::now();
-            let work = async {
+            // Boxed: a sync's future (its CSI call and API writes) is kilobytes, and a worker
+            // spends nearly all its life waiting for a key. Inline, every idle worker of every
+            // driver would carry that space (about 23 KB each, 66 MB for 100 drivers' 2,900).
+            let work = Box::pin(async {
                 match pool {
                     Pool::Va(kind) => self.process_va(&shared, &handler, kind, &key).await,
                     Pool::Pv => self.process_pv(&shared, &handler, &key).await,
                 }
-            };
+            });
             if let Err(panic) = guarded(work).await {
                 // A bug, not bad input: keep the worker, retry the key later.
                 tracing::error!(key = %key, %panic, "a sync panicked; retrying the key with backoff");
@@ -289,7 +292,8 @@ impl Driver {
             () = shared.stores.wait_synced() => {}
         }
         loop {
-            if let Err(panic) = guarded(pass()).await {
+            // Boxed, as a worker's sync: a pass is large and runs once a reconcile period.
+            if let Err(panic) = guarded(Box::pin(pass())).await {
                 tracing::error!(%panic, "a reconcile pass panicked; the next one runs on time");
                 shared
                     .metrics
@@ -385,6 +389,43 @@ mod tests {
         let added = api.put(&added);
         caches.apply_va(&added);
         added
+    }
+
+    /// A driver has dozens of workers that mostly wait: the state a waiting worker (or the
+    /// reconciler) keeps must stay small, whatever the size of a sync. Without the boxes,
+    /// a worker's future was about 23 KB (measured with heaptrack: 66 MB for 100 drivers).
+    #[tokio::test]
+    async fn a_waiting_worker_keeps_little_state() {
+        let api = FakeApi::default();
+        let mut caches = TestStores::new();
+        let hub = context(&api, caches.stores.clone());
+        let csi = FakeCsi::new(DRIVER);
+        let (driver, handler) = rig(&api, &mut caches, &csi, false).await;
+        let token = CancellationToken::new();
+        for pool in [Pool::Va(Kind::Attach), Pool::Va(Kind::Detach), Pool::Pv] {
+            let worker =
+                driver
+                    .clone()
+                    .worker(hub.shared.clone(), handler.clone(), pool, token.clone());
+            let size = std::mem::size_of_val(&worker);
+            assert!(
+                size <= 1024,
+                "a {} worker's future is {size} bytes",
+                pool.label()
+            );
+        }
+        let pass = {
+            let (this, shared, handler) = (driver.clone(), hub.shared.clone(), handler.clone());
+            move || {
+                let (this, shared, handler) = (this.clone(), shared.clone(), handler.clone());
+                async move { this.reconcile_pass(&shared, &handler).await }
+            }
+        };
+        let reconciler = driver
+            .clone()
+            .reconciler(hub.shared.clone(), token.clone(), pass);
+        let size = std::mem::size_of_val(&reconciler);
+        assert!(size <= 1024, "the reconciler's future is {size} bytes");
     }
 
     #[tokio::test]
