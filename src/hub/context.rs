@@ -49,6 +49,7 @@ pub(crate) mod tests {
             balance: Arc::new(Balance::default()),
             max_grpc_log_length: -1,
             lease_feeds: DashMap::new(),
+            renew_grid: crate::leader::RenewGrid::new(tokio::time::Instant::now()),
         });
         Arc::new(Context {
             shared,

@@ -23,7 +23,7 @@ use super::record::{
     release_record,
 };
 use super::status::Status;
-use super::timing::JITTER_FACTOR;
+use super::timing::{JITTER_FACTOR, RenewGrid};
 use crate::random::random_unit;
 use crate::telemetry::error_with_root_cause;
 
@@ -106,6 +106,9 @@ pub struct LeaderElector {
     /// real last renewal instead of from its own last poll (which lags by up to a jittered retry
     /// period), tries at the instant the Lease expires, and at once when it is vacated.
     feed: Option<watch::Receiver<Option<Seen>>>,
+    /// Renewal rounds start on these lines (`None`: a retry period after the last success, as
+    /// client-go's).
+    grid: Option<RenewGrid>,
 }
 
 /// A copy of the Lease as a watch delivered it, and when. The sender outlives elections: a
@@ -201,7 +204,15 @@ impl LeaderElector {
             reported_holder: String::new(),
             gate: None,
             feed: None,
+            grid: None,
         })
+    }
+
+    /// Start renewal rounds on the lines of `grid` (shared with the process's other electors,
+    /// so that renewals due together go out together).
+    pub fn with_renew_grid(mut self, grid: RenewGrid) -> Self {
+        self.grid = Some(grid);
+        self
     }
 
     /// Observe the Lease through `feed` (copies from a watch) while waiting to acquire it,
@@ -426,11 +437,16 @@ impl LeaderElector {
     /// One deliberate difference, which ends leadership earlier, never later: a Lease observed in
     /// another candidate's hands ends leadership at once instead of at the deadline.
     async fn lead(&mut self, shutdown: &CancellationToken) -> LeadEnd {
+        let mut succeeded = Instant::now();
         loop {
+            let due = succeeded + self.config.retry_period;
+            let next = self
+                .grid
+                .map_or(due, |g| g.at_or_before(due, self.config.retry_period));
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return LeadEnd::Cancelled,
-                () = tokio::time::sleep(self.config.retry_period) => {}
+                () = tokio::time::sleep_until(next) => {}
             }
             let deadline = Instant::now() + self.config.renew_deadline;
             loop {
@@ -440,7 +456,10 @@ impl LeaderElector {
                     result = self.try_acquire_or_renew(deadline) => result,
                 };
                 match attempt {
-                    Ok(true) => break,
+                    Ok(true) => {
+                        succeeded = Instant::now();
+                        break;
+                    }
                     Ok(false) => {
                         warn!("the lease was taken over by another candidate");
                         return LeadEnd::Lost;
@@ -783,6 +802,73 @@ mod tests {
 
     fn stored_record(fake: &FakeApi) -> Record {
         Record::from_spec(stored_lease(fake).as_ref().and_then(|l| l.spec.as_ref()))
+    }
+
+    /// Two leaders on one renew grid, which took their Leases at different moments, renew on
+    /// the grid's lines from their first renewal on: together, never later than a retry period
+    /// after the last renewal (client-go's pace), and never sooner than half of one.
+    #[tokio::test(start_paused = true)]
+    async fn leaders_on_one_grid_renew_together() {
+        let fake = FakeApi::default();
+        let origin = Instant::now();
+        let grid = RenewGrid::new(origin);
+        let start = |name: &str| {
+            let mut c = fast_config("me");
+            c.name = name.into();
+            let elector = LeaderElector::new(Api::namespaced(fake.client(), "default"), c)
+                .expect("valid")
+                .with_renew_grid(grid);
+            let token = CancellationToken::new();
+            let (rx, handle) = elector.spawn(token.clone());
+            (rx, handle, token)
+        };
+        tokio::time::sleep(Duration::from_millis(130)).await;
+        let (mut a, _ha, ta) = start("lease-a");
+        a.wait_for(Leadership::is_leading).await.expect("a leads");
+        tokio::time::sleep(Duration::from_millis(210)).await;
+        let (mut b, _hb, tb) = start("lease-b");
+        b.wait_for(Leadership::is_leading).await.expect("b leads");
+        // When each Lease was written, to 10 ms.
+        let writes = |name: &str| {
+            fake.writes()
+                .iter()
+                .filter(|w| w.wrote() && w.path.ends_with(&format!("/{name}")))
+                .count()
+        };
+        let mut seen: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+        let mut counts = (writes("lease-a"), writes("lease-b"));
+        for _ in 0..600 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = (writes("lease-a"), writes("lease-b"));
+            if now.0 > counts.0 {
+                seen.entry("a").or_default().push(origin.elapsed());
+            }
+            if now.1 > counts.1 {
+                seen.entry("b").or_default().push(origin.elapsed());
+            }
+            counts = now;
+        }
+        let slot = RenewGrid::slot(Duration::from_secs(1));
+        for (name, times) in &seen {
+            assert!(times.len() >= 5, "{name}: {times:?}");
+            for t in times {
+                let off_line = t.as_nanos() % slot.as_nanos();
+                assert!(
+                    off_line <= 10_000_000,
+                    "{name} renewed off the grid at {t:?}"
+                );
+            }
+            for pair in times.windows(2) {
+                let gap = pair[1] - pair[0];
+                assert!(
+                    gap >= Duration::from_millis(490) && gap <= Duration::from_millis(1_010),
+                    "{name}: {gap:?} between renewals ({times:?})"
+                );
+            }
+        }
+        assert_eq!(seen["a"], seen["b"], "renewed together");
+        ta.cancel();
+        tb.cancel();
     }
 
     #[tokio::test(start_paused = true)]

@@ -353,11 +353,14 @@ pub struct Guard {
     leading: watch::Sender<bool>,
     /// LISTs made so far; each one may move the next look of [`Guard::run`].
     lists: watch::Sender<u64>,
+    /// A leader's looks start on these lines, with the process's Lease renewals (`None`: when
+    /// due).
+    grid: Option<super::RenewGrid>,
 }
 
 impl Guard {
     /// A guard of Lease `name` for a candidate electing in `namespace` as `identity`, with the
-    /// candidate's retry period and lease duration.
+    /// candidate's retry period and lease duration, and the renew grid of its elector.
     pub fn new(
         api: Api<Lease>,
         name: impl Into<String>,
@@ -365,6 +368,7 @@ impl Guard {
         identity: impl Into<String>,
         period: Duration,
         lease_duration: Duration,
+        grid: Option<super::RenewGrid>,
     ) -> Arc<Self> {
         Arc::new(Guard {
             api: Api::all(api.into_client()),
@@ -378,6 +382,7 @@ impl Guard {
             opened: watch::channel(0).0,
             leading: watch::channel(false).0,
             lists: watch::channel(0).0,
+            grid,
         })
     }
 
@@ -460,15 +465,21 @@ impl Guard {
         }
     }
 
+    /// When the next look is due; a leader's on the grid's last line at or before it, so that
+    /// it goes out with the renewals due there.
     fn next_look(&self, looks: &Looks, leading: bool) -> Option<Instant> {
-        looks.sightings.next_look(
+        let due = looks.sightings.next_look(
             leading,
             &self.identity,
             self.lease_duration,
             self.period,
             looks.last,
             Instant::now(),
-        )
+        )?;
+        Some(match self.grid {
+            Some(grid) if leading => grid.at_or_before(due, self.period),
+            _ => due,
+        })
     }
 
     /// One look: lists the Leases of the name, judges them and publishes the view.
@@ -755,6 +766,39 @@ mod tests {
 
     const PERIOD: Duration = Duration::from_secs(5);
 
+    /// With the process's renew grid, a leader's looks fall on its lines (at most a slot
+    /// early), so that they go out with the renewals; a blocked candidate's do not move.
+    #[tokio::test(start_paused = true)]
+    async fn a_leaders_looks_fall_on_the_renew_grid() {
+        let api = crate::fake_api::FakeApi::default();
+        let t0 = Instant::now();
+        tokio::time::advance(Duration::from_millis(300)).await;
+        let t1 = Instant::now();
+        let guard = Guard::new(
+            Api::all(api.client()),
+            "external-attacher-leader-d",
+            "attacher-hub",
+            "hub-1",
+            PERIOD,
+            LEASE,
+            Some(super::super::RenewGrid::new(t0)),
+        );
+        let mut looks = Looks::default();
+        looks.sightings.observe(Vec::new(), t1);
+        looks.last = Some(t1);
+        // Due at t1 + 15 s = t0 + 15.3 s: on the line at t0 + 15 s.
+        assert_eq!(guard.next_look(&looks, true), Some(t0 + LEASE));
+        // Blocked by a live foreign Lease: at its expiry, off the grid.
+        looks
+            .sightings
+            .observe(listed(&[("kube-system", record("go-1", 100))]), t1);
+        let blocked = looks
+            .sightings
+            .next_look(false, "hub-1", LEASE, PERIOD, Some(t1), t1);
+        assert!(blocked.is_some());
+        assert_eq!(guard.next_look(&looks, false), blocked);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_leader_looks_every_lease_duration_and_every_retry_period_at_an_unconfirmed_lease() {
         let mut s = Sightings::default();
@@ -852,6 +896,7 @@ mod tests {
             "hub-1",
             PERIOD,
             LEASE,
+            None,
         )
     }
 

@@ -57,4 +57,4 @@ pub use error::{Error, Result};
 pub use identity::{default_identity, resolve_namespace};
 pub use lean::LeanLease;
 pub use status::{HEALTH_TOLERANCE, HealthError, Status};
-pub use timing::{JITTER_FACTOR, MIN_LEASE_DURATION, TimingError};
+pub use timing::{JITTER_FACTOR, MIN_LEASE_DURATION, RenewGrid, TimingError};

@@ -50,6 +50,8 @@ pub struct Shared {
     /// Copies of each driver Lease from the Lease watch of `balance_leases`, for its electors.
     /// An entry lives as long as its driver's connection, across election terms.
     pub lease_feeds: DashMap<String, tokio::sync::watch::Sender<Option<crate::leader::Seen>>>,
+    /// The lines on which the drivers' Leases are renewed, together when they coincide.
+    pub renew_grid: leader::RenewGrid,
 }
 
 impl std::fmt::Debug for Shared {

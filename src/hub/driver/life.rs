@@ -179,6 +179,7 @@ impl Driver {
                     le.identity.clone(),
                     le.retry_period,
                     le.lease_duration,
+                    Some(shared.renew_grid),
                 );
                 // Aborted with this future, like the elector (a panic in the driver's task).
                 let task = AbortOnDropHandle::new(guard.spawn(guard_stop.clone()));

@@ -158,7 +158,10 @@ impl Driver {
                         async move { g.may_acquire().await }
                     });
                 }
-                let elector = elector.with_acquire_gate(gate).with_feed(feed);
+                let elector = elector
+                    .with_acquire_gate(gate)
+                    .with_feed(feed)
+                    .with_renew_grid(shared.renew_grid);
                 shared
                     .leader_status
                     .insert(name.to_string(), elector.status());
