@@ -717,7 +717,26 @@ impl LeaderElector {
         // Releasing is a courtesy that saves the next leader a lease duration: on a network
         // that does not answer, give up quickly so a stopping process ends in time.
         let deadline = Instant::now() + self.config.renew_deadline.min(RELEASE_TIMEOUT);
-        match self.update(lease, &record, deadline).await {
+        let mut result = self.update(lease, &record, deadline).await;
+        if result.as_ref().is_err_and(is_conflict) {
+            // A renewal cut short by the shutdown may have been written after all, under a
+            // resourceVersion we never saw: read the Lease, and release it if it is still ours.
+            result = match self.read(deadline).await {
+                Ok(Some(current)) => {
+                    let current_record = Record::from_spec(current.spec.as_ref());
+                    if current_record.holder == self.config.identity {
+                        let record = release_record(&current_record, Timestamp::now());
+                        self.update(current, &record, deadline).await
+                    } else {
+                        debug!(holder = %current_record.holder, "the lease has another holder; nothing to release");
+                        return Ok(());
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(e) => Err(e),
+            };
+        }
+        match result {
             Ok(()) => {
                 info!("released the lease");
                 Ok(())
@@ -728,6 +747,11 @@ impl LeaderElector {
             }
         }
     }
+}
+
+/// Whether `e` is a `409 Conflict` on an update (the Lease changed since it was read).
+fn is_conflict(e: &Error) -> bool {
+    matches!(e, Error::Update { source: kube::Error::Api(s), .. } if s.code == 409)
 }
 
 #[cfg(test)]
@@ -869,6 +893,37 @@ mod tests {
         assert_eq!(seen["a"], seen["b"], "renewed together");
         ta.cancel();
         tb.cancel();
+    }
+
+    /// A renewal that the shutdown cut short may still have been written: the release then
+    /// meets a resourceVersion it never saw, reads the Lease, and releases it all the same
+    /// while it is still ours.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_after_an_unseen_write_of_our_own_still_releases() {
+        let fake = FakeApi::default();
+        let (mut rx, handle, token, _status) = spawn_on(&fake, fast_config("me"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        // Our renewal, as the API server stored it, whose answer never came back.
+        renew_stored(&fake, 1_000);
+        token.cancel();
+        handle.await.expect("task").expect("released");
+        let released = stored_record(&fake);
+        assert_eq!(released.holder, "");
+        assert_eq!(released.lease_duration_seconds, 1);
+    }
+
+    /// A Lease taken by someone else meanwhile is not ours to release.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_leaves_a_lease_another_holder_took() {
+        let fake = FakeApi::default();
+        let (mut rx, handle, token, _status) = spawn_on(&fake, fast_config("me"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        let mut lease = stored_lease(&fake).expect("lease");
+        lease.spec = Some(record("other", 1).to_spec());
+        fake.put(&lease);
+        token.cancel();
+        handle.await.expect("task").expect("nothing to release");
+        assert_eq!(stored_record(&fake).holder, "other");
     }
 
     #[tokio::test(start_paused = true)]
