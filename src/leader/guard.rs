@@ -54,6 +54,11 @@ use crate::telemetry::error_with_root_cause;
 /// Longest wait for one cluster-wide list; a slower answer counts as a failed check.
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often a leader whose list was refused (`403`: no grant) looks again, to notice a grant
+/// added later. Refused, the guard sees nothing, so a look every lease duration would only
+/// cost the API server a refused request per driver four times a minute.
+pub const REFUSED_LOOK_INTERVAL: Duration = Duration::from_secs(300);
+
 /// The ClusterRole (kustomize component and Helm value) that grants the cluster-wide list.
 pub const GRANT_HINT: &str = "grant `list` on coordination.k8s.io leases in all namespaces (deploy/components/lease-guard, or the chart's rbac.leaseGuard=true)";
 
@@ -321,6 +326,8 @@ struct Looks {
     last: Option<Instant>,
     /// Since when every look failed (`None`: the last one worked, or none was made).
     failing_since: Option<Instant>,
+    /// Whether the last look was refused (`403`).
+    refused: bool,
 }
 
 /// The cross-namespace Lease guard of one driver for one connection: it looks (one LIST)
@@ -466,16 +473,20 @@ impl Guard {
     }
 
     /// When the next look is due; a leader's on the grid's last line at or before it, so that
-    /// it goes out with the renewals due there.
+    /// it goes out with the renewals due there. A leader whose last look was refused looks
+    /// again after [`REFUSED_LOOK_INTERVAL`].
     fn next_look(&self, looks: &Looks, leading: bool) -> Option<Instant> {
-        let due = looks.sightings.next_look(
-            leading,
-            &self.identity,
-            self.lease_duration,
-            self.period,
-            looks.last,
-            Instant::now(),
-        )?;
+        let due = match looks.last {
+            Some(last) if leading && looks.refused => last + REFUSED_LOOK_INTERVAL,
+            _ => looks.sightings.next_look(
+                leading,
+                &self.identity,
+                self.lease_duration,
+                self.period,
+                looks.last,
+                Instant::now(),
+            )?,
+        };
         Some(match self.grid {
             Some(grid) if leading => grid.at_or_before(due, self.period),
             _ => due,
@@ -489,6 +500,7 @@ impl Guard {
         let next = match self.list().await {
             Ok(listed) => {
                 looks.failing_since = None;
+                looks.refused = false;
                 looks.sightings.observe(listed, now);
                 looks
                     .sightings
@@ -496,6 +508,7 @@ impl Guard {
             }
             Err(e) => {
                 let since = *looks.failing_since.get_or_insert(now);
+                looks.refused = matches!(&e, kube::Error::Api(s) if s.code == 403);
                 after_failure(&previous, &e, since, self.lease_duration, now)
             }
         };
@@ -788,6 +801,13 @@ mod tests {
         looks.last = Some(t1);
         // Due at t1 + 15 s = t0 + 15.3 s: on the line at t0 + 15 s.
         assert_eq!(guard.next_look(&looks, true), Some(t0 + LEASE));
+        // Refused: five minutes on (on the grid), not a lease duration.
+        looks.refused = true;
+        assert_eq!(
+            guard.next_look(&looks, true),
+            Some(t0 + REFUSED_LOOK_INTERVAL)
+        );
+        looks.refused = false;
         // Blocked by a live foreign Lease: at its expiry, off the grid.
         looks
             .sightings
