@@ -787,15 +787,7 @@ mod tests {
         let t0 = Instant::now();
         tokio::time::advance(Duration::from_millis(300)).await;
         let t1 = Instant::now();
-        let guard = Guard::new(
-            Api::all(api.client()),
-            "external-attacher-leader-d",
-            "attacher-hub",
-            "hub-1",
-            PERIOD,
-            LEASE,
-            Some(super::super::RenewGrid::new(t0)),
-        );
+        let guard = guard_with(&api, Some(super::super::RenewGrid::new(t0)));
         let mut looks = Looks::default();
         looks.sightings.observe(Vec::new(), t1);
         looks.last = Some(t1);
@@ -909,6 +901,13 @@ mod tests {
     }
 
     fn guard_on(api: &crate::fake_api::FakeApi) -> Arc<Guard> {
+        guard_with(api, None)
+    }
+
+    fn guard_with(
+        api: &crate::fake_api::FakeApi,
+        grid: Option<super::super::RenewGrid>,
+    ) -> Arc<Guard> {
         Guard::new(
             Api::all(api.client()),
             "external-attacher-leader-d",
@@ -916,7 +915,7 @@ mod tests {
             "hub-1",
             PERIOD,
             LEASE,
-            None,
+            grid,
         )
     }
 
