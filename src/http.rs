@@ -31,6 +31,9 @@ pub trait Status: Send + Sync + 'static {
     fn config(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
+    /// Brings gauges that are computed when read up to date; called before each rendering of
+    /// the metrics.
+    fn refresh_metrics(&self) {}
 }
 
 /// Routing of the listener.
@@ -131,6 +134,7 @@ fn handle<B>(routes: &Routes, req: &Request<B>) -> Response<Full<Bytes>> {
     }
     let path = req.uri().path();
     if path == routes.metrics_path {
+        routes.status.refresh_metrics();
         let mut buf = Vec::new();
         let encoder = TextEncoder::new();
         if let Err(error) = encoder.encode(&routes.registry.gather(), &mut buf) {

@@ -1,8 +1,10 @@
-//! The gauges task: refreshes the queue and driver gauges every second, removes the series of
-//! drivers no longer served, and logs a waiting backlog every 30 s.
+//! The driver and queue gauges: brought up to date when they are read (each scrape of the
+//! metrics path), not on a timer, so that an idle hub does no work for them between scrapes;
+//! a task retires the series of drivers no longer served and logs a waiting backlog every 30 s.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use prometheus::{Gauge, IntCounter};
@@ -13,10 +15,8 @@ use super::{
 };
 use crate::metrics::hub::HubMetrics;
 
-/// How often queue gauges are refreshed.
-const GAUGE_REFRESH: Duration = Duration::from_secs(1);
-
-/// How often a waiting backlog is logged (external-attacher #706 asks for 30 s).
+/// How often a waiting backlog is logged (external-attacher #706 asks for 30 s); the gauges are
+/// refreshed then too.
 const BACKLOG_LOG_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The series one driver's refresh sets, looked up once (a label lookup hashes every label
@@ -59,20 +59,29 @@ impl DriverSeries {
     }
 }
 
-/// Refreshes queue and driver gauges, and logs any backlog periodically.
-pub(crate) async fn gauges(hub: Arc<Context>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(GAUGE_REFRESH);
-    let mut last_log = tokio::time::Instant::now();
-    let mut series: HashMap<String, DriverSeries> = HashMap::new();
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let log_now = last_log.elapsed() >= BACKLOG_LOG_INTERVAL;
+/// The driver and queue gauges of a hub, and the series already looked up.
+pub(crate) struct Gauges {
+    hub: Arc<Context>,
+    series: Mutex<HashMap<String, DriverSeries>>,
+}
+
+impl Gauges {
+    pub(crate) fn new(hub: Arc<Context>) -> Arc<Self> {
+        Arc::new(Self {
+            hub,
+            series: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Brings every driver's gauges up to date, after removing the series of drivers no longer
+    /// served; with `log_backlog`, logs each work queue that has items waiting.
+    pub(crate) fn refresh(&self, log_backlog: bool) {
+        // One refresh at a time: a retired driver's series, once removed, never comes back.
+        let mut series = self.series.lock();
+        let hub = &self.hub;
         let slots = hub.registry.slots();
         // Drivers whose slot was removed lose their series, unless another slot serves the
-        // name. Done here, by the only task that sets the gauges, so none comes back.
+        // name.
         for gone in hub.registry.take_retired() {
             if slots
                 .iter()
@@ -106,13 +115,25 @@ pub(crate) async fn gauges(hub: Arc<Context>, stop: CancellationToken) {
                 s.oldest.set(oldest);
                 let longest = q.longest_processing().map_or(0.0, |a| a.as_secs_f64());
                 s.longest.set(longest);
-                if log_now && !q.is_empty() {
+                if log_backlog && !q.is_empty() {
                     tracing::info!(driver = %name, queue = pool, depth = q.len(), processing = q.processing_len(), oldest_seconds = oldest, "work queue backlog");
                 }
             }
         }
-        if log_now {
-            last_log = tokio::time::Instant::now();
+    }
+}
+
+/// Every 30 s: retires the series of drivers no longer served, refreshes the gauges and logs
+/// any backlog. Scrapes refresh them in between.
+pub(crate) async fn retire_and_log(gauges: Arc<Gauges>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + BACKLOG_LOG_INTERVAL,
+        BACKLOG_LOG_INTERVAL,
+    );
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => gauges.refresh(true),
         }
     }
 }

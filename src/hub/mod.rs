@@ -46,7 +46,6 @@ use balance_loop::balance_leases;
 use context::Context;
 use dispatch::Dispatch;
 use driver::{context::Shared, guard::panic_message};
-use gauges::gauges;
 use status::HubStatus;
 use supervisor::Supervisor;
 
@@ -232,6 +231,7 @@ pub async fn run(
         );
     }
 
+    let gauges = gauges::Gauges::new(hub.clone());
     // The listener is up before leader election: standby replicas serve too.
     if let Some(h) = http_config {
         let listener = http::bind(&h.address)
@@ -247,6 +247,7 @@ pub async fn run(
             status: Arc::new(HubStatus {
                 hub: hub.clone(),
                 leader_election_health: h.leader_election_health,
+                gauges: gauges.clone(),
             }),
         };
         own(
@@ -261,7 +262,10 @@ pub async fn run(
     own(
         &mut critical,
         "the metrics refresh",
-        Box::pin(gauges(hub.clone(), http_stop.clone()).instrument(tracing::debug_span!("gauges"))),
+        Box::pin(
+            gauges::retire_and_log(gauges, http_stop.clone())
+                .instrument(tracing::debug_span!("gauges")),
+        ),
     );
     own(
         &mut critical,

@@ -12,6 +12,8 @@ pub(crate) struct HubStatus {
     pub(crate) hub: Arc<Context>,
     /// Serve `/healthz/leader-election`.
     pub(crate) leader_election_health: bool,
+    /// The driver and queue gauges, refreshed before each rendering of the metrics.
+    pub(crate) gauges: Arc<super::gauges::Gauges>,
 }
 
 impl http::Status for HubStatus {
@@ -48,6 +50,10 @@ impl http::Status for HubStatus {
         self.hub.config.describe()
     }
 
+    fn refresh_metrics(&self) {
+        self.gauges.refresh(false);
+    }
+
     fn drivers(&self) -> serde_json::Value {
         serde_json::Value::Array(
             self.hub
@@ -79,6 +85,7 @@ mod tests {
         let status = HubStatus {
             hub: hub.clone(),
             leader_election_health: false,
+            gauges: super::super::gauges::Gauges::new(hub.clone()),
         };
         assert_eq!(status.ready(), Ok(()));
         assert_eq!(status.leader_election_healthy(), None);
@@ -105,6 +112,7 @@ mod tests {
         let status = HubStatus {
             hub: hub.clone(),
             leader_election_health: true,
+            gauges: super::super::gauges::Gauges::new(hub.clone()),
         };
         assert_eq!(status.leader_election_healthy(), Some(true));
         let elector = LeaderElector::new(
@@ -117,5 +125,45 @@ mod tests {
             .leader_status
             .insert("x.csi.io".into(), elector.status());
         assert_eq!(status.leader_election_healthy(), Some(true));
+    }
+
+    /// The gauges are computed when the metrics are read: a driver added since the last read
+    /// shows at the next one, one removed since is gone from it.
+    #[tokio::test]
+    async fn reading_the_metrics_brings_the_driver_gauges_up_to_date() {
+        use prometheus::core::Collector;
+        let caches = TestStores::new();
+        let hub = context(&FakeApi::default(), caches.stores.clone());
+        let status = HubStatus {
+            hub: hub.clone(),
+            leader_election_health: false,
+            gauges: super::super::gauges::Gauges::new(hub.clone()),
+        };
+        let up_series = || -> Vec<(String, f64)> {
+            hub.shared.metrics.driver_up.collect()[0]
+                .get_metric()
+                .iter()
+                .map(|m| {
+                    (
+                        m.get_label()[0].value().to_owned(),
+                        m.get_gauge().get_value(),
+                    )
+                })
+                .collect()
+        };
+        status.refresh_metrics();
+        assert_eq!(up_series(), []);
+        let defaults = Defaults::with_identity(&Args::default(), "h".into());
+        let settings = defaults.settings_for("/x.sock".parse().expect("a path"));
+        let driver = Driver::named(settings, Origin::Configured, "x.csi.io");
+        hub.registry.add_slot(driver.clone());
+        // Nothing refreshes the gauges between reads.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(up_series(), []);
+        status.refresh_metrics();
+        assert_eq!(up_series(), [("x.csi.io".to_owned(), 0.0)]);
+        hub.registry.remove_slot(&driver);
+        status.refresh_metrics();
+        assert_eq!(up_series(), []);
     }
 }

@@ -119,6 +119,9 @@ impl Supervisor {
                 } => true,
                 _ = tick.tick() => false,
             };
+            // The running set changes only when the list does: an idle tick costs a read of
+            // the file and a scan, not a comparison of every driver's settings.
+            let mut changed = false;
             if let Source::File { path, load, .. } = &self.source {
                 let now = digest(path);
                 if forced || now != file_digest {
@@ -127,6 +130,7 @@ impl Supervisor {
                     match load(path) {
                         Ok(config) => {
                             configured = config.drivers;
+                            changed = true;
                             self.hub.shared.api_cap.set_limit(config.hub_api_cap);
                             self.hub.config.reloaded();
                         }
@@ -138,9 +142,15 @@ impl Supervisor {
                 }
             }
             if let Some(d) = &discovery {
-                discovered = d.scan(&mut registrations).await;
+                let now = d.scan(&mut registrations).await;
+                if now != discovered {
+                    discovered = now;
+                    changed = true;
+                }
             }
-            self.apply(&configured, &discovered).await;
+            if changed {
+                self.apply(&configured, &discovered).await;
+            }
         }
 
         tracing::info!("shutting down: draining drivers and releasing leases");
