@@ -152,10 +152,12 @@ impl Conn {
                 SendError::NotSent(e)
             })?;
             self.activity.record_send(Instant::now());
-            if !end {
-                send_body(&mut stream, body)
-                    .await
-                    .map_err(SendError::Failed)?;
+            if !end && let Err(e) = send_body(&mut stream, body).await {
+                // RFC 9113 8.1: a server may answer before it has read the whole request, then
+                // reset the stream with NO_ERROR; the answer stands.
+                if e.reason() != Some(h2::Reason::NO_ERROR) {
+                    return Err(SendError::Failed(e));
+                }
             }
             response.await.map_err(|e| {
                 if e.reason() == Some(h2::Reason::REFUSED_STREAM) {
