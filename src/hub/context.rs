@@ -50,6 +50,7 @@ pub(crate) mod tests {
             max_grpc_log_length: -1,
             lease_feeds: DashMap::new(),
             renew_grid: crate::leader::RenewGrid::new(tokio::time::Instant::now()),
+            electors: crate::leader::Runner::new(),
         });
         Arc::new(Context {
             shared,

@@ -206,6 +206,7 @@ pub async fn run(
         max_grpc_log_length,
         lease_feeds: DashMap::new(),
         renew_grid: crate::leader::RenewGrid::new(tokio::time::Instant::now()),
+        electors: crate::leader::Runner::new(),
     });
     let config_path = match &source {
         Source::File { path, .. } => Some(path.display().to_string()),

@@ -278,6 +278,23 @@ impl LeaderElector {
         (rx, handle)
     }
 
+    /// Like [`LeaderElector::spawn`], but runs the election in `runner`'s task, with the other
+    /// electors it runs (a hub's): their renewals of a round wake one task and leave together.
+    /// Dropping the handle ends the election, as aborting its task would.
+    pub fn spawn_in(
+        self,
+        runner: &super::Runner,
+        shutdown: CancellationToken,
+    ) -> (
+        watch::Receiver<Leadership>,
+        super::runner::Handle<Result<()>>,
+    ) {
+        let rx = self.tx.subscribe();
+        let span = info_span!("leader_election", lease_namespace = %self.config.namespace);
+        let handle = runner.run(self.run(shutdown).instrument(span));
+        (rx, handle)
+    }
+
     /// The election loop: acquire, lead while renewals succeed, repeat until cancelled.
     async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
         info!("attempting to acquire leader lease");

@@ -33,7 +33,8 @@
 //!
 //! The parts: [`config`] (settings and their checks), [`record`] (the Lease codec), [`elector`]
 //! (the loop), [`status`] (the health view), [`identity`] (holder identity and namespace),
-//! [`balance`] (spreading driver Leases across hub replicas), [`guard`] (no leading while
+//! [`balance`] (spreading driver Leases across hub replicas), [`runner`] (one task for a hub's
+//! electors), [`guard`] (no leading while
 //! another holder renews a Lease of the same name in another namespace) and [`lean`] (Leases
 //! read without their managed fields). It uses only [`crate::names`],
 //! [`crate::random`] and [`crate::telemetry`] of the crate (and kube).
@@ -46,6 +47,7 @@ pub mod guard;
 pub mod identity;
 pub mod lean;
 pub mod record;
+pub mod runner;
 pub mod status;
 pub mod timing;
 
@@ -56,5 +58,6 @@ pub use elector::{AcquireGate, LeaderElector, Leadership, Seen};
 pub use error::{Error, Result};
 pub use identity::{default_identity, resolve_namespace};
 pub use lean::LeanLease;
+pub use runner::Runner;
 pub use status::{HEALTH_TOLERANCE, HealthError, Status};
 pub use timing::{JITTER_FACTOR, MIN_LEASE_DURATION, RenewGrid, TimingError};

@@ -52,6 +52,9 @@ pub struct Shared {
     pub lease_feeds: DashMap<String, tokio::sync::watch::Sender<Option<crate::leader::Seen>>>,
     /// The lines on which the drivers' Leases are renewed, together when they coincide.
     pub renew_grid: leader::RenewGrid,
+    /// The task the drivers' electors run in: a round of renewals is one wake-up, and its
+    /// requests leave together.
+    pub electors: leader::Runner,
 }
 
 impl std::fmt::Debug for Shared {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
+use tokio_util::sync::CancellationToken;
 
 use super::{Driver, State, context::Shared, workers::Workers};
 use crate::{
@@ -165,10 +165,11 @@ impl Driver {
                 shared
                     .leader_status
                     .insert(name.to_string(), elector.status());
-                let (rx, task) = elector.spawn(election.clone());
-                // Aborted if this term is dropped mid-way (a panic in the driver's task): an
-                // elector must never renew a Lease with no workers behind it.
-                (rx, Some(AbortOnDropHandle::new(task)))
+                // Run with the other drivers' electors; dropped (and so ended) if this term is
+                // dropped mid-way (a panic in the driver's task): an elector must never renew
+                // a Lease with no workers behind it.
+                let (rx, task) = elector.spawn_in(&shared.electors, election.clone());
+                (rx, Some(task))
             }
         };
         let balanced = election_task.is_some();
