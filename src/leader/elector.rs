@@ -1303,8 +1303,16 @@ mod tests {
         }
         assert_eq!(asked.load(Ordering::SeqCst), 0);
         // It stops renewing: once expired, the check is asked, says no, and the Lease stays.
-        tokio::time::sleep(Duration::from_secs(6)).await;
-        assert!(asked.load(Ordering::SeqCst) >= 1);
+        // Expired a lease duration after the elector saw the last renewal, which its jittered
+        // looks (1 to 2.2 s apart) see up to 2.2 s late: asked within 4 + 2 × 2.2 s.
+        let stopped = Instant::now();
+        while asked.load(Ordering::SeqCst) == 0 {
+            assert!(
+                stopped.elapsed() <= Duration::from_millis(8400),
+                "the check was never asked"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert_eq!(stored_record(&fake).holder, "other");
         assert!(!rx.borrow().is_leading());
         // It says yes: the Lease is taken, and renewals ask nothing more.
