@@ -182,6 +182,9 @@ pub(crate) struct Sample {
     /// Seconds from the first create to the last attach (uniform runs),
     /// until the quiet drivers were done (noisy runs), or the idle window.
     pub(crate) attach_window: f64,
+    /// Idle runs: seconds between the two readings of the API server's counters that the
+    /// window's requests are counted between (a little longer than the window; 0 otherwise).
+    pub(crate) requests_window: f64,
     /// ControllerPublishVolume calls for the workload's VAs (the noisy driver's included).
     pub(crate) publishes: usize,
     /// Of those, calls beyond the first for the same volume and node.
@@ -336,8 +339,12 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
     };
     // Watches: the median of a few readings, as a watch being re-opened shows twice or not at all.
     let mut readings = Vec::new();
+    // The counters are read while the scrape is answered: the midpoint of the request.
+    let mut m0_at = Instant::now();
     for _ in 0..WATCH_READINGS {
+        let before = Instant::now();
         readings.push(ApiServerMetrics::scrape(&client).await);
+        m0_at = before + before.elapsed() / 2;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     sample.watches = median_of(readings.iter().map(|m| m.watches - baseline.watches));
@@ -430,7 +437,10 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
         Workload::Idle { window } => {
             tokio::time::sleep(window).await;
             sample.attach_window = started.elapsed().as_secs_f64();
+            let before = Instant::now();
             let m1 = ApiServerMetrics::scrape(&client).await;
+            let m1_at = before + before.elapsed() / 2;
+            sample.requests_window = m1_at.duration_since(m0_at).as_secs_f64();
             sample.attach_requests = contender_requests(&m1.requests_since(&m0));
         }
     }
