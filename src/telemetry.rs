@@ -404,6 +404,15 @@ pub fn error_with_root_cause(error: &dyn std::error::Error) -> String {
         None => error.to_string(),
     }
 }
+/// The message a panic was raised with (`"panic"` when it carried no text).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

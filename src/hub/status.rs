@@ -78,15 +78,20 @@ mod tests {
     use crate::k8s::stores::TestStores;
     use crate::leader::{Config, LeaderElector};
 
+    /// The status of `hub`, with the leader-election check served or not.
+    fn status_of(hub: &Arc<Context>, leader_election_health: bool) -> HubStatus {
+        HubStatus {
+            hub: hub.clone(),
+            leader_election_health,
+            gauges: crate::hub::gauges::Gauges::new(hub.clone()),
+        }
+    }
+
     #[tokio::test]
     async fn ready_needs_synced_caches_and_no_driver_can_make_it_unready() {
         let caches = TestStores::new();
         let hub = context(&FakeApi::default(), caches.stores.clone());
-        let status = HubStatus {
-            hub: hub.clone(),
-            leader_election_health: false,
-            gauges: super::super::gauges::Gauges::new(hub.clone()),
-        };
+        let status = status_of(&hub, false);
         assert_eq!(status.ready(), Ok(()));
         assert_eq!(status.leader_election_healthy(), None);
         caches.set_synced(false);
@@ -109,11 +114,7 @@ mod tests {
         let api = FakeApi::default();
         let caches = TestStores::new();
         let hub = context(&api, caches.stores.clone());
-        let status = HubStatus {
-            hub: hub.clone(),
-            leader_election_health: true,
-            gauges: super::super::gauges::Gauges::new(hub.clone()),
-        };
+        let status = status_of(&hub, true);
         assert_eq!(status.leader_election_healthy(), Some(true));
         let elector = LeaderElector::new(
             kube::Api::namespaced(api.client(), "default"),
@@ -134,11 +135,7 @@ mod tests {
         use prometheus::core::Collector;
         let caches = TestStores::new();
         let hub = context(&FakeApi::default(), caches.stores.clone());
-        let status = HubStatus {
-            hub: hub.clone(),
-            leader_election_health: false,
-            gauges: super::super::gauges::Gauges::new(hub.clone()),
-        };
+        let status = status_of(&hub, false);
         let up_series = || -> Vec<(String, f64)> {
             hub.shared.metrics.driver_up.collect()[0]
                 .get_metric()

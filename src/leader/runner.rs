@@ -114,7 +114,7 @@ impl<T> Future for Handle<T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.result).poll(cx).map(|r| match r {
             Ok(Ok(output)) => Ok(output),
-            Ok(Err(panic)) => Err(Ended::Panicked(panic_text(&*panic))),
+            Ok(Err(panic)) => Err(Ended::Panicked(crate::telemetry::panic_message(&*panic))),
             Err(_) => Err(Ended::Dropped),
         })
     }
@@ -124,15 +124,6 @@ impl<T> Drop for Handle<T> {
     fn drop(&mut self) {
         self.abort.abort();
     }
-}
-
-/// A panic's message, when it has one.
-fn panic_text(panic: &(dyn Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 #[cfg(test)]

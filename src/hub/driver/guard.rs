@@ -11,14 +11,7 @@ pub async fn guarded<T>(fut: impl std::future::Future<Output = T>) -> Result<T, 
         .map_err(|payload| panic_message(&*payload))
 }
 
-/// The message a panic was raised with (`"panic"` when it carried no text).
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "panic".to_string())
-}
+pub use crate::telemetry::panic_message;
 
 #[cfg(test)]
 mod tests {
