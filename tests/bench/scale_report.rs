@@ -160,8 +160,9 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
         let _ = writeln!(
             md,
             "### Drivers\n\nOne hub serving N drivers against N Go sidecars; the seed flags. Idle: {:.0} s after \
-             the warm-up (one attached VA per driver); CPU in millicores (CPU-ms per second); Lease writes and \
-             all requests per minute from the API server's counters. Load: {} VAs per driver at once.\n",
+             the warm-up (one attached VA per driver); CPU in millicores (CPU-ms per second); Lease writes per \
+             minute from a watch of the run's Lease namespace (the contender's Leases only), all \
+             requests per minute from the API server's counters. Load: {} VAs per driver at once.\n",
             r.idle_window.as_secs_f64(),
             r.load
         );

@@ -185,6 +185,9 @@ pub(crate) struct Sample {
     /// Idle runs: seconds between the two readings of the API server's counters that the
     /// window's requests are counted between (a little longer than the window; 0 otherwise).
     pub(crate) requests_window: f64,
+    /// Idle runs: writes to the Leases of the run's namespace during the window, by Lease
+    /// (from a watch), and the seconds they were counted over.
+    pub(crate) lease_writes: Option<(BTreeMap<String, usize>, f64)>,
     /// ControllerPublishVolume calls for the workload's VAs (the noisy driver's included).
     pub(crate) publishes: usize,
     /// Of those, calls beyond the first for the same volume and node.
@@ -356,6 +359,11 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
     let cpu0: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
     let apiserver_cpu0 = apiserver.map_or(0.0, cpu_seconds);
 
+    let lease_writes = match spec.workload {
+        Workload::Idle { .. } => Some(LeaseWrites::start(&client).await),
+        _ => None,
+    };
+
     // 4. The workload.
     let started = Instant::now();
     match spec.workload {
@@ -437,6 +445,7 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
         Workload::Idle { window } => {
             tokio::time::sleep(window).await;
             sample.attach_window = started.elapsed().as_secs_f64();
+            sample.lease_writes = lease_writes.map(LeaseWrites::stop);
             let before = Instant::now();
             let m1 = ApiServerMetrics::scrape(&client).await;
             let m1_at = before + before.elapsed() / 2;
@@ -548,6 +557,84 @@ impl ConnectionSampler {
     fn stop(self) -> usize {
         self.task.abort();
         self.most.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Counts the writes to the Leases of [`LEASE_NAMESPACE`] while an idle window runs, one per
+/// watch event (every create, update and delete of a Lease is one event). The API server's
+/// request counters cannot tell whose Lease a write was: they count its own identity Lease in
+/// `kube-system` too (6 a minute, multiplied with a scaled fleet's figures), and name no Lease
+/// when a figure looks high.
+struct LeaseWrites {
+    /// Writes seen so far, by Lease name.
+    seen: Arc<Mutex<BTreeMap<String, usize>>>,
+    /// The watching task.
+    task: tokio::task::JoinHandle<()>,
+    /// When counting started (the watch had been opened).
+    since: Instant,
+}
+
+impl LeaseWrites {
+    /// Starts counting from the namespace's current state.
+    async fn start(client: &Client) -> LeaseWrites {
+        let api: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+        let mut version = api
+            .list_metadata(&kube::api::ListParams::default().limit(1))
+            .await
+            .unwrap_or_else(|e| panic!("listing the Leases of {LEASE_NAMESPACE}: {e}"))
+            .metadata
+            .resource_version
+            .expect("a list has a resourceVersion");
+        let seen: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+        let shared = seen.clone();
+        let task = tokio::spawn(async move {
+            use kube::core::WatchEvent;
+            loop {
+                let params = kube::api::WatchParams::default().timeout(290);
+                let mut events = match api.watch(&params, &version).await {
+                    Ok(events) => events.boxed(),
+                    Err(e) => panic!("watching the Leases of {LEASE_NAMESPACE}: {e}"),
+                };
+                while let Some(event) = events.next().await {
+                    let (lease, rv) = match event {
+                        Ok(
+                            WatchEvent::Added(l) | WatchEvent::Modified(l) | WatchEvent::Deleted(l),
+                        ) => {
+                            let rv = l.metadata.resource_version.clone();
+                            (l.metadata.name, rv)
+                        }
+                        Ok(WatchEvent::Bookmark(b)) => (None, Some(b.metadata.resource_version)),
+                        Ok(WatchEvent::Error(e)) => {
+                            panic!("the Lease watch of an idle window ended: {e}")
+                        }
+                        Err(e) => panic!("the Lease watch of an idle window failed: {e}"),
+                    };
+                    if let Some(name) = lease {
+                        *shared
+                            .lock()
+                            .expect("lease writes lock")
+                            .entry(name)
+                            .or_default() += 1;
+                    }
+                    if let Some(rv) = rv {
+                        version = rv;
+                    }
+                }
+            }
+        });
+        LeaseWrites {
+            seen,
+            task,
+            since: Instant::now(),
+        }
+    }
+
+    /// Stops counting: the writes seen, by Lease, and the seconds counted over.
+    fn stop(self) -> (BTreeMap<String, usize>, f64) {
+        let seconds = self.since.elapsed().as_secs_f64();
+        self.task.abort();
+        let seen = std::mem::take(&mut *self.seen.lock().expect("lease writes lock"));
+        (seen, seconds)
     }
 }
 
