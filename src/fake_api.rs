@@ -95,6 +95,8 @@ struct State {
     fail: bool,
     /// Answer this many of the next requests with 503 (a server warming up).
     fail_next: usize,
+    /// How long each answer takes (the round trip of a real server).
+    latency: std::time::Duration,
     log: Vec<Logged>,
 }
 
@@ -191,6 +193,11 @@ impl FakeApi {
         self.state().fail_next = n;
     }
 
+    /// Takes `latency` to answer each request from now on.
+    pub(crate) fn set_latency(&self, latency: std::time::Duration) {
+        self.state().latency = latency;
+    }
+
     /// How many of the requests to fail are left.
     pub(crate) fn failures_left(&self) -> usize {
         self.state().fail_next
@@ -208,6 +215,10 @@ impl FakeApi {
             .to_owned();
         let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
         let body: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let latency = self.state().latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         let mut st = self.state();
         let (code, answer) = st.answer(&method, &path, &query, &content_type, body.clone());
         st.log.push(Logged {

@@ -64,13 +64,18 @@ pub const MAX_RENEW_SLOT: Duration = Duration::from_secs(1);
 ///
 /// A hub renews one Lease per driver every retry period. Renewed each on its own phase, 100
 /// drivers cost 20 separate wake-ups, writes and reads of the API server connection a second.
-/// On a grid, a leader's next renewal round starts at the last grid line at or before "retry
-/// period after the last success": never later than client-go's renewal, at most one slot
-/// earlier, and after the first round always on the same line of the grid, so that the Leases
-/// whose lines coincide are renewed together, one wake-up and one write of the connection for
-/// all of them. A retry period is cut into whole slots of at most [`MAX_RENEW_SLOT`], and at
-/// least two (so a renewal never comes sooner than half a retry period after the last): 1 s
-/// slots for the default 5 s, five lines per period, about a fifth of the drivers on each.
+/// On a grid, a leader's next renewal round starts on the first grid line at or after client-go's
+/// start ("retry period after the last success", [`RenewGrid::round_start`]): never sooner than
+/// client-go's renewal, at most one slot later, and after the first round always on the lines
+/// of the grid, so that the Leases whose lines coincide are renewed together, one wake-up and
+/// one write of the connection for all of them. Renewals are so never more frequent than a
+/// Go sidecar's (whose rounds come a retry period after its last answer, so a little less than
+/// 12 a minute at 5 s): with the default timings one every 6 s. The round's renew deadline
+/// still counts from client-go's start, so a leader that cannot renew stops leading no later
+/// than a Go sidecar would, and a late line that would cost the round one of the tries client-go
+/// gets before its deadline is not taken. A retry period is cut into whole slots of at most
+/// [`MAX_RENEW_SLOT`], and at least two: 1 s slots for the default 5 s, five lines per period,
+/// about a fifth of the drivers on each.
 #[derive(Clone, Copy, Debug)]
 pub struct RenewGrid {
     origin: tokio::time::Instant,
@@ -90,6 +95,34 @@ impl RenewGrid {
             .div_ceil(MAX_RENEW_SLOT.as_nanos())
             .clamp(2, u128::from(u32::MAX));
         retry_period / u32::try_from(slots).unwrap_or(u32::MAX)
+    }
+
+    /// When a leader's renewal round that client-go would start at `due` starts: the first line
+    /// at or after `due` for `retry_period`, unless a try of the round that client-go would
+    /// make before `due + renew_deadline` would then come after it; else `due` (also before the
+    /// origin).
+    pub fn round_start(
+        &self,
+        due: tokio::time::Instant,
+        retry_period: Duration,
+        renew_deadline: Duration,
+    ) -> tokio::time::Instant {
+        let line = self.at_or_before(due, retry_period);
+        let line = if line < due {
+            line + Self::slot(retry_period)
+        } else {
+            line
+        };
+        // client-go tries at due, due + r, ... while before due + renew_deadline; each try of
+        // a round started `late` comes `late` after its own, and the last must still be before.
+        let late = line - due;
+        let tries_before_deadline = renew_deadline
+            .as_nanos()
+            .div_ceil(retry_period.as_nanos().max(1))
+            .saturating_sub(1);
+        let last_try = retry_period.as_nanos() * tries_before_deadline;
+        let slack = renew_deadline.as_nanos().saturating_sub(last_try);
+        if late.as_nanos() < slack { line } else { due }
     }
 
     /// The last line at or before `due` for `retry_period` (`due` itself before the origin).
@@ -175,6 +208,30 @@ mod tests {
         // Before the origin: as due.
         let early = origin.checked_sub(ms(10)).expect("an earlier instant");
         assert_eq!(grid.at_or_before(early, ms(5_000)), early);
+    }
+
+    /// A round starts on the first line at or after client-go's start, never sooner; on it
+    /// too when client-go's start is a line; at client-go's start when the late line would
+    /// push the round's last try past its renew deadline.
+    #[test]
+    fn a_round_starts_on_the_next_line_unless_that_costs_a_try() {
+        let origin = tokio::time::Instant::now();
+        let grid = RenewGrid::new(origin);
+        let start = |due_ms: u64, retry: u64, deadline: u64| {
+            grid.round_start(origin + ms(due_ms), ms(retry), ms(deadline)) - origin
+        };
+        // Defaults (5 s, 10 s): tries at +0 and +5 s; the last may come up to 5 s late.
+        assert_eq!(start(5_020, 5_000, 10_000), ms(6_000));
+        assert_eq!(start(10_999, 5_000, 10_000), ms(11_000));
+        assert_eq!(start(6_000, 5_000, 10_000), ms(6_000));
+        // 5 s and 10.1 s: client-go also tries at +10 s, which a line 100 ms late or more would
+        // push past the deadline.
+        assert_eq!(start(5_950, 5_000, 10_100), ms(6_000));
+        assert_eq!(start(5_900, 5_000, 10_100), ms(5_900));
+        assert_eq!(start(5_020, 5_000, 10_100), ms(5_020));
+        // Before the origin: as due.
+        let early = origin.checked_sub(ms(10)).expect("an earlier instant");
+        assert_eq!(grid.round_start(early, ms(5_000), ms(10_000)), early);
     }
 
     fn ms(n: u64) -> Duration {
