@@ -68,7 +68,7 @@ pub const MAX_RENEW_SLOT: Duration = Duration::from_secs(1);
 /// start ("retry period after the last success", [`RenewGrid::round_start`]): never sooner than
 /// client-go's renewal, at most one slot later, and after the first round always on the lines
 /// of the grid, so that the Leases whose lines coincide are renewed together, one wake-up and
-/// one write of the connection for all of them. Renewals are so never more frequent than a
+/// one write of the connection for all of them. So renewals are never more frequent than a
 /// Go sidecar's (whose rounds come a retry period after its last answer, so a little less than
 /// 12 a minute at 5 s): with the default timings one every 6 s. The round's renew deadline
 /// still counts from client-go's start, so a leader that cannot renew stops leading no later
