@@ -629,9 +629,16 @@ impl LeaseWrites {
         }
     }
 
-    /// Stops counting: the writes seen, by Lease, and the seconds counted over.
+    /// Stops counting: the writes seen, by Lease, and the seconds counted over. Panics if the
+    /// watch failed during the window (its task panicked): its count would be short, in the
+    /// contender's favour.
     fn stop(self) -> (BTreeMap<String, usize>, f64) {
         let seconds = self.since.elapsed().as_secs_f64();
+        assert!(
+            !self.task.is_finished(),
+            "the Lease watch of the idle window failed (see its panic above); the window's Lease \
+             writes cannot be counted"
+        );
         self.task.abort();
         let seen = std::mem::take(&mut *self.seen.lock().expect("lease writes lock"));
         (seen, seconds)
