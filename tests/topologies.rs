@@ -352,7 +352,7 @@ fn hub_calls(lease_ns: &str, replicas: bool) -> Vec<Call> {
         ));
     }
     if replicas {
-        for verb in ["list", "delete"] {
+        for verb in ["list", "watch", "delete"] {
             calls.push((
                 verb,
                 "leases.coordination.k8s.io",
@@ -794,7 +794,7 @@ fn controller_pool_exports_the_pd_socket_to_the_attacher_hub_daemonset() {
     .into_iter()
     .map(str::to_string)
     .chain(
-        ["get", "create", "update", "list", "delete"]
+        ["get", "create", "update", "list", "watch", "delete"]
             .map(|v| format!("{sa_ns} coordination.k8s.io/leases {v}")),
     )
     .collect();
