@@ -97,7 +97,8 @@ KUBECONFIG
 
 # start_controller_manager DIR BINS: starts kube-controller-manager (from BINS)
 # for the control plane running from DIR, unless it already runs: the
-# attach-detach controller and the PV binder only, no leader election, no
+# attach-detach controller, the PV binder and the Deployment, ReplicaSet and
+# DaemonSet controllers only, no leader election, no
 # serving port, as user kube-controller-manager (system:masters). Returns
 # non-zero, after showing the end of its log, if it does not come up.
 start_controller_manager() {
@@ -121,7 +122,7 @@ start_controller_manager() {
   # Its own session (it outlives the caller) and no fd 9 (DIR/lock), as the
   # API server. --v=2 logs each attach and detach it starts.
   setsid "$bins/kube-controller-manager" --kubeconfig="$dir/controller-manager.kubeconfig" \
-    --controllers=attachdetach,persistentvolume-binder \
+    --controllers=attachdetach,persistentvolume-binder,deployment,replicaset,daemonset \
     --leader-elect=false --secure-port=0 --v=2 </dev/null >"$log" 2>&1 9>&- &
   echo $! > "$dir/controller-manager.pid"
   # Up when the attach-detach controller has started and every controller's
@@ -137,5 +138,5 @@ start_controller_manager() {
     fi
     sleep 0.2
   done
-  echo "cluster: kube-controller-manager (attach-detach, PV binder) running from $dir; log $log" >&2
+  echo "cluster: kube-controller-manager (attach-detach, PV binder, Deployments, ReplicaSets, DaemonSets) running from $dir; log $log" >&2
 }

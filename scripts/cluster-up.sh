@@ -14,10 +14,16 @@
 #   ATTACHER_TEST_ATTACHER_KUBECONFIG, ATTACHER_TESTBINS, ATTACHER_TEST_APISERVER.
 # - DIR/*.pid, DIR/*.log: the two processes; scripts/cluster-down.sh stops them.
 # - DIR/startup.txt: start-up time and resident memory of this start.
+# - DIR/audit.log: the API server's audit log (JSON lines, metadata only) of
+#   every request made by a ServiceAccount (group system:serviceaccounts);
+#   tests/rbac_behaviour.rs derives the RBAC a mode needs from it. Other
+#   users' requests are not logged, so the tests' own traffic costs nothing.
 # - --controller-manager also starts kube-controller-manager (if it does not
 #   run yet) with the attach-detach controller, which creates and deletes the
-#   VolumeAttachments of scheduled Pods, and the PV binder, which binds claims
-#   (and asks external provisioners for volumes); as user
+#   VolumeAttachments of scheduled Pods, the PV binder, which binds claims
+#   (and asks external provisioners for volumes), and the Deployment,
+#   ReplicaSet and DaemonSet controllers, which make the Pods of the shipped
+#   workloads that tests/pods runs (rolling updates included); as user
 #   kube-controller-manager in system:masters (DIR/controller-manager.kubeconfig),
 #   no leader election, no serving port; log in DIR/controller-manager.log.
 #   Tests that need it ask for it; it then runs until scripts/cluster-down.sh.
@@ -121,6 +127,17 @@ wait_until() { # seconds name log probe...
 wait_until 30 etcd "$dir/etcd.log" curl -fsS --max-time 2 "http://127.0.0.1:$etcd_port/health"
 
 # --- kube-apiserver --------------------------------------------------------
+# Audit: metadata (who, verb, resource, namespace, response code) of the
+# requests of ServiceAccounts only; nothing for anyone else.
+cat > "$dir/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+POLICY
 # ServiceAccount and StorageObjectInUseProtection admission need controllers
 # that do not run here (default service accounts; removal of the pv-protection
 # finalizer), so they are off. The `none` endpoint reconciler allows the
@@ -137,6 +154,8 @@ setsid "$bins/kube-apiserver" \
   --service-account-key-file="$pki/sa.key" --service-account-signing-key-file="$pki/sa.key" \
   --service-cluster-ip-range=10.0.0.0/24 \
   --disable-admission-plugins=ServiceAccount,StorageObjectInUseProtection \
+  --audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/audit.log" \
+  --audit-log-format=json --audit-log-maxsize=0 --audit-log-mode=blocking \
   --v=1 </dev/null >"$dir/apiserver.log" 2>&1 9>&- &
 echo $! > "$dir/apiserver.pid"
 

@@ -7,7 +7,10 @@
 # buildah, podman and runc (the image: scripts/build-image.sh and
 # tests/image.rs; left out with --no-image), and for `make faults` iproute2
 # and iptables (the black-hole scenarios' network namespaces and packet
-# drops). The demo needs none of the optional ones.
+# drops), and bubblewrap (the pod runner of tests/pods, which runs the
+# shipped manifests' containers; it also uses iproute2's network namespaces
+# and util-linux's nsenter and setpriv). The demo needs none of the optional
+# ones.
 # Go and Rust must already be there.
 set -euo pipefail
 with_prometheus=1 with_image=1
@@ -33,6 +36,9 @@ need make make
 need prlimit util-linux
 need ip iproute2
 need iptables iptables
+need bwrap bubblewrap
+need nsenter util-linux
+need setpriv util-linux
 if [ "$with_prometheus" = 1 ]; then
   need prometheus prometheus
   need promtool prometheus
