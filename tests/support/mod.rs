@@ -9,6 +9,7 @@
 
 mod apiserver_metrics;
 mod attachers;
+mod audit;
 mod cluster;
 mod controller_manager;
 mod fixtures;
@@ -26,6 +27,7 @@ mod workload;
 
 pub(crate) use apiserver_metrics::{ApiServerMetrics, RequestKind};
 pub(crate) use attachers::{Attacher, Probe, Program, eventually, free_port, go_duration};
+pub(crate) use audit::{audit_events, forbidden};
 pub(crate) use cluster::Cluster;
 pub(crate) use controller_manager::controller_manager;
 pub(crate) use fixtures::{
