@@ -1078,8 +1078,17 @@ async fn shipped_rbac_is_exactly_what_attacher_hub_uses() {
     );
 
     let started = Instant::now();
+    // A PV's live `get` happens only when the finalizer patch was built from a stale cached
+    // copy, which this scenario cannot bring about on demand; tests/rbac_behaviour.rs brings it
+    // about (two VAs of one PV at once) and requires the grant.
     let runs = std::iter::once(None)
-        .chain(grants.iter().cloned().map(Some))
+        .chain(
+            grants
+                .iter()
+                .filter(|g| !(g.resource == "persistentvolumes" && g.verb == "get"))
+                .cloned()
+                .map(Some),
+        )
         .map(|removed| {
             let shipped = shipped.clone();
             async move {

@@ -291,6 +291,60 @@ async fn attach_and_detach(
     result
 }
 
+/// Two VAs of one multi-node PV made at once, on `nodes[0]` and `nodes[1]`: the second sync
+/// builds its PV finalizer patch from a cached copy without the finalizer the first one just
+/// added, the API server refuses the patch (422), and the hub reads the PV live (`get`). The
+/// race is repeated until the audit log shows that read (a few tries at most).
+async fn stale_pv_race(
+    client: &Client,
+    driver: &str,
+    nodes: &[String],
+    user: &str,
+) -> Result<(), String> {
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    for attempt in 0..20 {
+        let pv = unique_name("rbac-race");
+        PvBuilder::new(&pv, driver, "vol-3")
+            .access_modes(&["ReadWriteMany"])
+            .create(client)
+            .await;
+        let names: Vec<String> = nodes.iter().map(|n| format!("{pv}-{n}")).collect();
+        futures::future::join_all(
+            names
+                .iter()
+                .zip(nodes)
+                .map(|(va, node)| create_va(client, va, driver, node, &pv)),
+        )
+        .await;
+        for va in &names {
+            wait_for(&vas, va, "attached", is_attached(), Duration::from_secs(30))
+                .await
+                .map_err(|e| format!("{driver}: attach of one of two VAs of a PV: {e}"))?;
+        }
+        for va in &names {
+            let _ = vas.delete(va, &DeleteParams::default()).await;
+        }
+        for va in &names {
+            wait_deleted(&vas, va, Duration::from_secs(30))
+                .await
+                .map_err(|e| format!("{driver}: detach of one of two VAs of a PV: {e}"))?;
+        }
+        let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        let _ = pvs.patch(&pv, &PatchParams::default(), &unfinalize).await;
+        let _ = pvs.delete(&pv, &DeleteParams::default()).await;
+        let read = support::audit_events(user)
+            .iter()
+            .any(|e| e["verb"] == "get" && e["objectRef"]["resource"] == "persistentvolumes");
+        if read {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "{driver}: 20 pairs of VAs of one PV never made the hub read a PV live"
+    ))
+}
+
 /// The publish secret in `ns`.
 async fn publish_secret(client: &Client, ns: &str) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
@@ -356,6 +410,8 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
     publish_secret(&client, &secret_ns).await;
     let node = unique_name("rbac-node");
     create_node(&client, &node).await;
+    let node2 = format!("{node}-2");
+    create_node(&client, &node2).await;
 
     let drivers: Vec<String> = match mode {
         Mode::Sidecar => vec![unique_driver_name("rbac-s")],
@@ -373,13 +429,15 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
     }
     // One CSINode entry per driver.
     let csinodes: Api<k8s_openapi::api::storage::v1::CSINode> = Api::all(client.clone());
-    create_csinode(&client, &node, &drivers[0], &node).await;
-    if drivers.len() > 1 {
-        let patch = json!({"spec": {"drivers": drivers.iter().map(|d| json!({"name": d, "nodeID": node})).collect::<Vec<_>>()}});
-        csinodes
-            .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("CSINode drivers");
+    for n in [&node, &node2] {
+        create_csinode(&client, n, &drivers[0], n).await;
+        if drivers.len() > 1 {
+            let patch = json!({"spec": {"drivers": drivers.iter().map(|d| json!({"name": d, "nodeID": n})).collect::<Vec<_>>()}});
+            csinodes
+                .patch(n, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("CSINode drivers");
+        }
     }
 
     let args: Vec<String> = match mode {
@@ -412,6 +470,7 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
         for (i, d) in drivers.iter().enumerate() {
             attach_and_detach(&client, d, &node, &secret_ns, i).await?;
         }
+        stale_pv_race(&client, &drivers[0], &[node.clone(), node2.clone()], &user).await?;
         if replicas > 1 {
             // A second replica joins (the drivers are shared out), then the first leaves (its
             // drivers are handed over), then the second leaves too.
@@ -444,9 +503,11 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
     for m in mocks {
         m.handle.shutdown().await;
     }
-    let _ = csinodes.delete(&node, &DeleteParams::default()).await;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let _ = nodes.delete(&node, &DeleteParams::default()).await;
+    for n in [&node, &node2] {
+        let _ = csinodes.delete(n, &DeleteParams::default()).await;
+        let _ = nodes.delete(n, &DeleteParams::default()).await;
+    }
     let (_, _) = kubectl(
         &[
             "delete",

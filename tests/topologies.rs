@@ -328,6 +328,7 @@ type Call = (
 /// also count replicas through presence Leases there).
 fn hub_calls(lease_ns: &str, replicas: bool) -> Vec<Call> {
     let mut calls: Vec<Call> = vec![
+        ("get", "persistentvolumes", None, None),
         ("list", "persistentvolumes", None, None),
         ("watch", "persistentvolumes", None, None),
         ("patch", "persistentvolumes", None, None),
@@ -780,6 +781,7 @@ fn controller_pool_exports_the_pd_socket_to_the_attacher_hub_daemonset() {
     // attacher-hub's own account: exactly its calls, as the authorizer sees them.
     let sa_ns = namespace(ds).to_string();
     let expected: BTreeSet<String> = [
+        "* /persistentvolumes get",
         "* /persistentvolumes list",
         "* /persistentvolumes watch",
         "* /persistentvolumes patch",
@@ -812,7 +814,6 @@ fn controller_pool_exports_the_pd_socket_to_the_attacher_hub_daemonset() {
     );
     for (verb, resource, sub, ns) in [
         ("get", "secrets", None, Some("default")),
-        ("get", "persistentvolumes", None, None),
         ("delete", "persistentvolumes", None, None),
         ("update", "volumeattachments.storage.k8s.io", None, None),
         ("create", "volumeattachments.storage.k8s.io", None, None),

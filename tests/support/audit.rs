@@ -27,11 +27,19 @@ pub(crate) fn audit_events(user: &str) -> Vec<Value> {
         .collect()
 }
 
-/// One line per request of `user` the API server refused as forbidden (403): verb, resource,
-/// namespace.
-pub(crate) fn forbidden(user: &str) -> Vec<String> {
+/// One line per request of `user` the API server refused as forbidden (403) at or after
+/// `since`: verb, resource, namespace. (The log outlives a test, and a ServiceAccount name may
+/// come back in a later test.)
+pub(crate) fn forbidden(user: &str, since: std::time::SystemTime) -> Vec<String> {
+    let since = k8s_openapi::jiff::Timestamp::try_from(since).expect("a time after 1970");
     let mut out: Vec<String> = audit_events(user)
         .iter()
+        .filter(|e| {
+            e["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some_and(|t| t >= since)
+        })
         .filter(|e| e["responseStatus"]["code"] == 403)
         .map(|e| {
             let o = &e["objectRef"];
