@@ -303,7 +303,7 @@ async fn stale_pv_race(
 ) -> Result<(), String> {
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    for attempt in 0..20 {
+    for _ in 0..20 {
         let pv = unique_name("rbac-race");
         PvBuilder::new(&pv, driver, "vol-3")
             .access_modes(&["ReadWriteMany"])
