@@ -1,9 +1,10 @@
 //! The three topologies of `docs/deploy.md`, applied to a vendor's real manifests: the GCE PD
-//! CSI driver v1.28.1 (`deploy/kubernetes/overlays/stable-master`, from the Go module cache,
-//! `tools/testbins/pd`) as the controller Deployment to transform.
+//! CSI driver v1.28.1 (`deploy/kubernetes/overlays/stable-master`, put into
+//! `deploy/examples/gce-pd/vendor` by `scripts/vendor-manifests.sh` from the Go module cache, as a
+//! user puts them) as the controller Deployment to transform.
 //!
-//! For each topology, the shipped example (`deploy/examples/gce-pd/<topology>`, its GitHub
-//! URL pointed at the local copy) and its Helm form are rendered, dry-run server-side against
+//! For each topology, the shipped example (`deploy/examples/gce-pd/<topology>`, as shipped,
+//! rendered with the network closed) and its Helm form are rendered, dry-run server-side against
 //! the API server (all but PD's node plugin DaemonSets, whose privileged containers the test
 //! API server refuses and which no topology touches), and compared with the vendor's
 //! manifests as they were:
@@ -46,12 +47,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use support::{
-    Cluster, copy_tree, documents, gce_pd_manifests, kind, kubectl, kustomize, name, namespace,
-    repo, run,
+    Cluster, copy_tree, documents, kind, kubectl, kustomize, name, namespace, repo, run,
+    vendor_manifests,
 };
-
-/// The PD manifests the shipped examples name (what `tools/testbins/pd/go.mod` pins).
-const PD_URL: &str = "https://github.com/kubernetes-sigs/gcp-compute-persistent-disk-csi-driver//deploy/kubernetes/overlays/stable-master?ref=v1.28.1";
 
 /// Namespace of the PD manifests.
 const PD_NAMESPACE: &str = "gce-pd-csi-driver";
@@ -71,9 +69,6 @@ const GO_ATTACHER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-attacher";
 
 /// The export directory of topology (b) on the nodes.
 const EXPORT_DIR: &str = "/var/lib/attacher-hub/controllers";
-
-/// The three examples.
-const TOPOLOGIES: [&str; 3] = ["sidecar-swap", "controller-pool", "hub-pod"];
 
 // === commands ===============================================================
 
@@ -101,9 +96,9 @@ fn strings(v: &Value) -> Vec<&str> {
 
 // === the workspace ============================================================
 
-/// A copy of `deploy/` with the PD manifests in `deploy/examples/gce-pd/vendor` and the
-/// examples pointed at them instead of GitHub (kustomize refuses files outside a
-/// kustomization's root, and the module cache is read-only).
+/// A copy of `deploy/` with PD's manifests put into `deploy/examples/gce-pd/vendor` by
+/// `scripts/vendor-manifests.sh`, as a user puts them (the examples name that directory; a
+/// `vendor/` of the checkout is not copied: the script fills the copy's own).
 struct Workspace {
     dir: tempfile::TempDir,
 }
@@ -121,21 +116,11 @@ impl Workspace {
             );
         }
         let ws = Workspace { dir };
-        copy_tree(gce_pd_manifests(), &ws.examples().join("vendor"));
-        for t in TOPOLOGIES {
-            let file = ws.example(t).join("kustomization.yaml");
-            let text = std::fs::read_to_string(&file).expect("read kustomization");
-            assert!(
-                text.contains(PD_URL),
-                "{} no longer names {PD_URL}; update tests/topologies.rs with tools/testbins/pd/go.mod",
-                file.display()
-            );
-            std::fs::write(
-                &file,
-                text.replace(PD_URL, "../vendor/overlays/stable-master"),
-            )
-            .expect("write kustomization");
+        let vendor = ws.examples().join("vendor");
+        if vendor.exists() {
+            std::fs::remove_dir_all(&vendor).expect("remove the checkout's vendor/ from the copy");
         }
+        vendor_manifests(&vendor);
         ws
     }
 
@@ -154,8 +139,39 @@ impl Workspace {
         ))
     }
 
+    /// `kubectl kustomize` of the example as shipped, with the network closed (every proxy
+    /// a closed loopback port): an example that fetches anything fails.
     fn render(&self, topology: &str) -> Vec<Value> {
-        documents(&kustomize(&self.example(topology)))
+        let dir = self.example(topology);
+        let text = std::fs::read_to_string(dir.join("kustomization.yaml"))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        assert!(
+            !text.contains("://"),
+            "deploy/examples/gce-pd/{topology} names a remote resource; the examples take PD's manifests from ../vendor (scripts/vendor-manifests.sh):\n{text}"
+        );
+        let mut cmd = Command::new(Cluster::get().bin("kubectl"));
+        cmd.arg("kustomize").arg(&dir);
+        for proxy in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+        ] {
+            cmd.env(proxy, "http://127.0.0.1:9");
+        }
+        cmd.env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GOPROXY", "off");
+        let (ok, out, err) = run(cmd, None);
+        assert!(
+            ok,
+            "kubectl kustomize {} (offline) failed:\n{err}",
+            dir.display()
+        );
+        documents(&out)
     }
 
     fn overlay(&self, overlay: &str) -> Vec<Value> {
