@@ -988,6 +988,11 @@ fn vendor_chart(ws: &Workspace, vendor: &[Value]) -> PathBuf {
 /// the script, Helm 4 the plugin (`deploy/helm-post-renderer` linked into a plugins directory
 /// of the test's own).
 fn post_rendered(ws: &Workspace, helm: &str, chart: &Path, args: &[&str]) -> Vec<Value> {
+    documents(&post_rendered_text(ws, helm, chart, args))
+}
+
+/// As [`post_rendered`], the text Helm prints.
+fn post_rendered_text(ws: &Workspace, helm: &str, chart: &Path, args: &[&str]) -> String {
     let cluster = Cluster::get();
     let script = repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer");
     let plugins = ws.dir.path().join("helm-plugins");
@@ -1024,7 +1029,7 @@ fn post_rendered(ws: &Workspace, helm: &str, chart: &Path, args: &[&str]) -> Vec
         ok,
         "{helm} template through the post-renderer {args:?}:\n{err}"
     );
-    documents(&out)
+    out
 }
 
 /// The objects of `objs` by key.
@@ -1099,6 +1104,169 @@ fn helm_post_renderer_applies_the_topologies_to_a_vendor_chart_with_helm_3_and_4
         }
         let (ok, _, err) = run(cmd, None);
         assert!(!ok && err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+/// PD's own webhook Deployment (`base/webhook`, which stable-master leaves out): a Deployment
+/// next to the controller, in its namespace, with no csi-attacher container. Its file's text
+/// (comments included) and the object.
+fn pd_webhook(ws: &Workspace) -> (String, Value) {
+    let file = ws.examples().join("vendor/base/webhook/deployment.yaml");
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let obj = documents(&text).pop().expect("the webhook Deployment");
+    assert_eq!(kind(&obj), "Deployment");
+    assert!(container(&obj, "csi-attacher").is_none());
+    (text, obj)
+}
+
+#[test]
+fn helm_post_renderer_changes_only_the_deployment_that_holds_csi_attacher() {
+    let ws = Workspace::new();
+    let vendor = ws.vendor();
+    let chart = vendor_chart(&ws, &vendor);
+    let (webhook_text, webhook) = pd_webhook(&ws);
+    std::fs::write(chart.join("templates/webhook.yaml"), &webhook_text).expect("write template");
+    // An object that names csi-attacher without being a Deployment that runs it.
+    let notes_text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: attacher-notes\n  \
+                      namespace: gce-pd-csi-driver\ndata:\n  \
+                      container: csi-attacher # swapped by attacher-hub\n";
+    std::fs::write(chart.join("templates/notes.yaml"), notes_text).expect("write template");
+    let socket_dir = format!("{EXPORT_DIR}/{PD_DRIVER}");
+    for helm in ["helm3", "helm"] {
+        for args in [
+            &["sidecar-swap"][..],
+            &["export-controller-socket", &socket_dir, "storage"][..],
+        ] {
+            let what = format!("{helm} post-renderer {args:?}");
+            let text = post_rendered_text(&ws, helm, &chart, args);
+            let objs = documents(&text);
+            assert_eq!(
+                find(&objs, "Deployment", "pd-csi-taint-webhook"),
+                &webhook,
+                "{what}: a Deployment without a csi-attacher container changed"
+            );
+            // Not through kustomize, which drops comments. Helm 3 prints what the post-renderer
+            // wrote; Helm 4 re-indents the documents it is given back (keeping comments).
+            for comment in [
+                "# REQUIRED: Must contain tls.crt and tls.key",
+                "# swapped by attacher-hub",
+            ] {
+                assert!(text.contains(comment), "{what}: {comment:?} lost:\n{text}");
+            }
+            if helm == "helm3" {
+                for written in [webhook_text.trim_end(), notes_text.trim_end()] {
+                    assert!(
+                        text.contains(written),
+                        "{what}: not written byte for byte as the chart rendered it:\n{written}\n--- in ---\n{text}"
+                    );
+                }
+            }
+            let pd = find(&objs, "Deployment", PD_CONTROLLER);
+            match args[0] {
+                "sidecar-swap" => assert_eq!(
+                    container(pd, "csi-attacher").expect("the attacher")["image"],
+                    HUB_IMAGE,
+                    "{what}"
+                ),
+                _ => assert!(container(pd, "csi-attacher").is_none(), "{what}"),
+            }
+            // Everything else is the vendor's.
+            let pd_key = key(pd);
+            let added = [
+                key(&webhook),
+                "ConfigMap gce-pd-csi-driver/attacher-notes".into(),
+            ];
+            assert_unchanged_except(&what, &vendor, &objs, &[pd_key], &added);
+        }
+    }
+    // The script itself, fed a stream as any renderer writes it: every document but the
+    // controller's comes out byte for byte.
+    let cluster = Cluster::get();
+    let script = || {
+        let mut cmd =
+            Command::new(repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer"));
+        cmd.env(
+            "PATH",
+            format!(
+                "{}:{}",
+                cluster.testbins.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        );
+        cmd
+    };
+    let others: Vec<String> = vendor
+        .iter()
+        .filter(|o| key(o) != key(find(&vendor, "Deployment", PD_CONTROLLER)))
+        .map(|o| serde_json::to_string(o).expect("JSON"))
+        .chain([
+            webhook_text.trim_end().to_string(),
+            notes_text.trim_end().to_string(),
+        ])
+        .collect();
+    let controller =
+        serde_json::to_string(find(&vendor, "Deployment", PD_CONTROLLER)).expect("JSON");
+    let stream = format!("{}\n---\n{controller}\n", others.join("\n---\n"));
+    let (ok, out, err) = run(script(), Some(&stream));
+    assert!(ok, "the post-renderer on a stream: {err}");
+    let written: Vec<&str> = out
+        .strip_prefix("---\n")
+        .unwrap_or(&out)
+        .split("\n---\n")
+        .map(str::trim_end)
+        .collect();
+    for doc in &others {
+        assert!(
+            written.contains(&doc.as_str()),
+            "not written byte for byte:\n{doc}\n--- in ---\n{out}"
+        );
+    }
+    // Manifests without such a Deployment are refused: the topology would change nothing.
+    let (ok, _, err) = run(script(), Some(&webhook_text));
+    assert!(
+        !ok && err.contains("no Deployment with a container named csi-attacher"),
+        "{err}"
+    );
+}
+
+#[test]
+fn components_refuse_a_deployment_without_csi_attacher_instead_of_patching_it() {
+    let ws = Workspace::new();
+    let (webhook_text, _) = pd_webhook(&ws);
+    for (topology, component) in [
+        ("sidecar-swap", "sidecar-swap"),
+        ("controller-pool", "export-controller-socket"),
+        ("hub-pod", "hub-pod"),
+    ] {
+        // The example with PD's webhook Deployment among its resources.
+        let dir = ws.example(topology);
+        std::fs::write(dir.join("webhook.yaml"), &webhook_text).expect("write webhook.yaml");
+        let file = dir.join("kustomization.yaml");
+        let text = std::fs::read_to_string(&file).expect("read kustomization");
+        let from = "  - ../vendor/overlays/stable-master\n";
+        assert!(text.contains(from), "{}: {text}", file.display());
+        std::fs::write(
+            &file,
+            text.replace(from, &format!("{from}  - webhook.yaml\n")),
+        )
+        .expect("write kustomization");
+        let mut cmd = Command::new(Cluster::get().bin("kubectl"));
+        cmd.arg("kustomize").arg(&dir);
+        let (ok, out, err) = run(cmd, None);
+        assert!(
+            !ok,
+            "{component}: a kustomization with a Deployment without csi-attacher was built:\n{}",
+            documents(&out)
+                .iter()
+                .filter(|o| name(o) == "pd-csi-taint-webhook")
+                .map(|o| o.to_string())
+                .collect::<String>()
+        );
+        assert!(
+            err.contains("csi-attacher-guard")
+                && err.contains("spec.template.spec.containers.[name=csi-attacher]"),
+            "{component}: kustomize's refusal names the guard and the container:\n{err}"
+        );
     }
 }
 
