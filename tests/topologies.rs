@@ -13,7 +13,13 @@
 //!   vendor's arguments, environment, ports, probes and mounts, as root without capabilities
 //!   (the driver's socket is root's); nothing else changes. attacher-hub accepts those exact
 //!   arguments (the binary runs with them). The Helm post-renderer (Helm 3 as an executable,
-//!   Helm 4 as a plugin) renders the same objects from a chart.
+//!   Helm 4 as a plugin) renders the same objects from a chart, and changes only the
+//!   Deployment that holds a csi-attacher container: PD's webhook Deployment and any other
+//!   object pass through byte for byte. The kustomize components, which cannot select by
+//!   container, refuse to build a kustomization with such another Deployment. The image's own
+//!   user (UID 65532) cannot connect to the root-owned socket (mode 0755) a driver makes:
+//!   attacher-hub run as that user says so in one line naming the socket, the UID and the fix,
+//!   and connects as root without capabilities.
 //! * (b) controller node pool: the PD controller keeps its plugin and sidecars, has no
 //!   attacher, and exports its socket through a hostPath
 //!   (`/var/lib/attacher-hub/controllers/pd.csi.storage.gke.io/csi.sock`) on the pool's
@@ -653,6 +659,138 @@ fn assert_hub_accepts_the_arguments(args: &[&str]) {
         drivers[0]["socket"], "unix:///csi/csi.sock",
         "the hub serves PD's socket: {drivers}"
     );
+}
+
+/// The shortcut of setting only a vendor chart's attacher image keeps the image's user, UID
+/// 65532, while the vendor's driver creates its socket as root with the usual mode 0755, and
+/// connecting to a Unix socket needs write permission on it. attacher-hub run as that user
+/// (setpriv, as the kubelet runs the image's USER) is refused, and says so in one line naming
+/// the socket, its own UID and the fix (in its log and in `/drivers`); run as root with every
+/// capability dropped (what the components and the post-renderer set) it connects to the same
+/// socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_user_cannot_connect_to_a_root_socket_and_says_how_to_fix_it() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    use support::{ChildProcess, eventually, free_port, http_get};
+
+    let cluster = Cluster::get();
+    let dir = tempfile::Builder::new()
+        .prefix("ah-uid-")
+        .tempdir()
+        .expect("temporary directory");
+    let mode = |m| std::fs::Permissions::from_mode(m);
+    // Every directory above the socket is searchable (the kubelet's emptyDir is): only the
+    // socket's own mode decides.
+    std::fs::set_permissions(dir.path(), mode(0o755)).expect("chmod the directory");
+    let socket = dir.path().join("csi.sock");
+    let mut cmd = tokio::process::Command::new(support::mock_csi_driver_bin());
+    cmd.arg(format!("--endpoint={}", socket.display()))
+        .arg("--name=uid.csi.test")
+        .arg("--volumes=1");
+    let mut driver = ChildProcess::spawn("mock-csi-driver", cmd);
+    driver
+        .wait_for_output("ready\n", 1, Duration::from_secs(30))
+        .await
+        .expect("the mock driver serves");
+    std::fs::set_permissions(&socket, mode(0o755)).expect("chmod the socket");
+    let meta = std::fs::metadata(&socket).expect("the socket");
+    assert_eq!(
+        (meta.uid(), meta.mode() & 0o7777),
+        (0, 0o755),
+        "a root-owned socket, 0755"
+    );
+    // The test's kubeconfig, readable by the image's user.
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::copy(&cluster.attacher_kubeconfig, &kubeconfig).expect("copy the kubeconfig");
+    std::fs::set_permissions(&kubeconfig, mode(0o644)).expect("chmod the kubeconfig");
+
+    let start = |tag: &str, ids: &[&str]| {
+        let port = free_port();
+        let mut cmd = tokio::process::Command::new("setpriv");
+        cmd.args(ids)
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_attacher-hub"))
+            .arg(format!("--csi-address=unix://{}", socket.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+            .env_remove("POD_NAMESPACE");
+        (ChildProcess::spawn(tag, cmd), port)
+    };
+    let drivers = async |port: u16| -> Option<Value> {
+        let (status, body) = http_get(port, "/drivers").await.ok()?;
+        (status == 200)
+            .then(|| serde_json::from_str::<Value>(&body).ok())??
+            .get(0)
+            .cloned()
+    };
+
+    // The image's user.
+    let (mut hub, port) = start(
+        "attacher-hub-65532",
+        &["--reuid=65532", "--regid=65532", "--clear-groups"],
+    );
+    hub.wait_for_output("cannot connect to", 1, Duration::from_secs(60))
+        .await
+        .expect("attacher-hub as UID 65532 reports the failed connection");
+    let line = hub
+        .stderr()
+        .lines()
+        .find(|l| l.contains("cannot connect to"))
+        .expect("the line")
+        .to_owned();
+    let path = socket.display().to_string();
+    for part in [
+        path.as_str(),
+        "Permission denied",
+        "this process (UID 65532, GID 65532)",
+        "owner UID 0, GID 0, mode 0755",
+        "runAsUser: 0 with every capability dropped",
+        "writable by a group of this process (runAsGroup, fsGroup)",
+    ] {
+        assert!(line.contains(part), "{part:?} not in the log line:\n{line}");
+    }
+    let last_error = eventually(
+        "/drivers shows the error",
+        Duration::from_secs(30),
+        || async {
+            drivers(port).await?["lastError"]
+                .as_str()
+                .map(str::to_owned)
+        },
+    )
+    .await;
+    assert!(
+        last_error.contains(&path)
+            && last_error.contains("UID 65532")
+            && !last_error.contains('\n'),
+        "/drivers: {last_error}"
+    );
+    hub.stop().await;
+
+    // Root with every capability dropped (no DAC_OVERRIDE: it reaches what root owns).
+    let (mut root, port) = start(
+        "attacher-hub-root",
+        &[
+            "--reuid=0",
+            "--regid=0",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ],
+    );
+    eventually(
+        "root without capabilities connects",
+        Duration::from_secs(60),
+        || async { (drivers(port).await?["name"] == "uid.csi.test").then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        root.count_in_output("cannot connect to"),
+        0,
+        "{}",
+        root.stderr()
+    );
+    root.stop().await;
 }
 
 // === (b) controller node pool ==================================================
