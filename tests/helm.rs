@@ -406,24 +406,7 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
 #[test]
 fn every_shape_passes_a_server_side_dry_run() {
     let cluster = Cluster::get();
-    // The Prometheus Operator kinds, from the test-only CRDs (as tests/deploy.rs).
-    let crds = repo().join("tests/deploy/monitoring-crds.yaml");
-    let (ok, out) = kubectl(
-        &["apply", "--server-side", "-f", &crds.to_string_lossy()],
-        None,
-    );
-    assert!(ok, "applying the test CRDs: {out}");
-    let (ok, out) = kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/servicemonitors.monitoring.coreos.com",
-            "crd/prometheusrules.monitoring.coreos.com",
-        ],
-        None,
-    );
-    assert!(ok, "test CRDs not established: {out}");
+    apply_monitoring_crds();
 
     let namespace = format!("ah-helm-{}", std::process::id());
     let (ok, out) = kubectl(&["create", "namespace", &namespace], None);
@@ -676,13 +659,208 @@ fn conventional_values_of_csi_driver_charts_reach_every_shape() {
     }
 }
 
+/// The values of security, network, update strategy, spread, Lease namespace and monitoring
+/// (none of which the overlays have): each set, in each shape and with both Helms.
+fn operator_values() -> Value {
+    json!({
+        "podSecurityContext": {
+            "runAsNonRoot": false,
+            "fsGroup": 2000,
+            "seccompProfile": {"type": "RuntimeDefault"}
+        },
+        "securityContext": {
+            "runAsNonRoot": false,
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "readOnlyRootFilesystem": true,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]}
+        },
+        "hostNetwork": true,
+        "httpPort": 9808,
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "daemonset": {
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        },
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"},
+            {
+                "maxSkew": 2,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"team": "storage"}}
+            }
+        ],
+        "leaderElection": {"namespace": "kube-system"},
+        "serviceMonitor": {
+            "enabled": true,
+            "honorLabels": true,
+            "relabelings": [
+                {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"}
+            ],
+            "metricRelabelings": [
+                {"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}
+            ]
+        },
+        "prometheusRule": {
+            "enabled": true,
+            "runbookURL": "https://wiki.example.org/storage/attacher-hub-runbooks"
+        }
+    })
+}
+
+/// The Prometheus Operator kinds, from the test-only CRDs (as tests/deploy.rs).
+fn apply_monitoring_crds() {
+    let crds = repo().join("tests/deploy/monitoring-crds.yaml");
+    let (ok, out) = kubectl(
+        &["apply", "--server-side", "-f", &crds.to_string_lossy()],
+        None,
+    );
+    assert!(ok, "applying the test CRDs: {out}");
+    let (ok, out) = kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ],
+        None,
+    );
+    assert!(ok, "test CRDs not established: {out}");
+}
+
+#[test]
+fn security_network_strategy_spread_lease_and_monitoring_values_reach_every_shape() {
+    let cluster = Cluster::get();
+    apply_monitoring_crds();
+    let dir = tempfile::Builder::new()
+        .prefix("ah-helm-values-")
+        .tempdir()
+        .expect("temporary directory");
+    let file = dir.path().join("operator-values.json");
+    let values = operator_values();
+    std::fs::write(&file, values.to_string()).expect("write values");
+    let file = file.to_string_lossy().to_string();
+    let namespace = format!("ah-helm-values-{}", std::process::id());
+    let (ok, out) = kubectl(&["create", "namespace", &namespace], None);
+    assert!(ok, "creating namespace {namespace}: {out}");
+    for helm in HELMS {
+        for shape in SHAPES {
+            let what = format!("{helm}, {shape}");
+            let shape_values = chart().join(values_file(shape));
+            let mut cmd = Command::new(cluster.bin(helm));
+            cmd.args(["lint", "--strict", "-f"])
+                .arg(&shape_values)
+                .args(["-f", &file])
+                .arg(chart());
+            let (ok, out, err) = run(cmd, None);
+            assert!(
+                ok && out.contains("0 chart(s) failed") && !out.contains("[WARNING]"),
+                "{what}: helm lint --strict:\n{out}{err}"
+            );
+            let yaml = helm_template(helm, &namespace, &[&values_file(shape), &file], &[]);
+            let objs = documents(&yaml);
+            let workload = objs
+                .iter()
+                .find(|o| kind(o) == "Deployment" || kind(o) == "DaemonSet")
+                .unwrap_or_else(|| panic!("{what}: no workload"));
+            let spec = &workload["spec"];
+            let pod = &spec["template"]["spec"];
+            assert_eq!(
+                pod["securityContext"], values["podSecurityContext"],
+                "{what}"
+            );
+            assert_eq!(pod["hostNetwork"], true, "{what}");
+            assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet", "{what}");
+            let c = hub_container(workload);
+            assert_eq!(c["securityContext"], values["securityContext"], "{what}");
+            assert_eq!(c["ports"][0]["containerPort"], 9808, "{what}");
+            let args: Vec<&str> = c["args"]
+                .as_array()
+                .expect("args")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            for arg in [
+                "--http-endpoint=:9808",
+                "--leader-election-namespace=kube-system",
+            ] {
+                assert!(args.contains(&arg), "{what}: {arg} not in {args:?}");
+            }
+            if kind(workload) == "Deployment" {
+                assert_eq!(spec["strategy"], values["strategy"], "{what}");
+                let spread = pod["topologySpreadConstraints"].as_array().expect("spread");
+                assert_eq!(spread.len(), 2, "{what}");
+                assert_eq!(
+                    spread[0]["labelSelector"]["matchLabels"], spec["selector"]["matchLabels"],
+                    "{what}: a constraint without a selector selects the release's pods"
+                );
+                assert_eq!(
+                    spread[1], values["topologySpreadConstraints"][1],
+                    "{what}: a constraint with a selector is kept as given"
+                );
+            } else {
+                assert_eq!(
+                    spec["updateStrategy"], values["daemonset"]["updateStrategy"],
+                    "{what}"
+                );
+                assert!(pod["topologySpreadConstraints"].is_null(), "{what}");
+            }
+            let monitor = objs
+                .iter()
+                .find(|o| kind(o) == "ServiceMonitor")
+                .unwrap_or_else(|| panic!("{what}: no ServiceMonitor"));
+            let endpoint = &monitor["spec"]["endpoints"][0];
+            assert_eq!(endpoint["honorLabels"], true, "{what}");
+            for key in ["relabelings", "metricRelabelings"] {
+                assert_eq!(
+                    endpoint[key], values["serviceMonitor"][key],
+                    "{what}: {key}"
+                );
+            }
+            let rule = objs
+                .iter()
+                .find(|o| kind(o) == "PrometheusRule")
+                .unwrap_or_else(|| panic!("{what}: no PrometheusRule"));
+            let mut runbooks = 0;
+            for group in rule["spec"]["groups"].as_array().expect("groups") {
+                for r in group["rules"].as_array().expect("rules") {
+                    if let Some(url) = r["annotations"]["runbook_url"].as_str() {
+                        runbooks += 1;
+                        let anchor = url
+                            .strip_prefix("https://wiki.example.org/storage/attacher-hub-runbooks#")
+                            .unwrap_or_else(|| panic!("{what}: {url}"));
+                        assert_eq!(
+                            anchor,
+                            r["alert"].as_str().unwrap_or_default().to_lowercase(),
+                            "{what}: the anchor is kept"
+                        );
+                    }
+                }
+            }
+            assert!(runbooks > 5, "{what}: {runbooks} runbook URLs");
+            // The API server accepts every object as rendered.
+            if helm == "helm" {
+                let (ok, out) = kubectl(
+                    &["apply", "--dry-run=server", "-o", "name", "-f", "-"],
+                    Some(&yaml),
+                );
+                assert!(ok, "{what}: server-side dry run:\n{out}");
+            }
+        }
+    }
+    let (ok, out) = kubectl(&["delete", "namespace", &namespace, "--wait=false"], None);
+    assert!(ok, "deleting namespace {namespace}: {out}");
+}
+
 // === values validation ======================================================
 
 #[test]
 fn values_schema_refuses_bad_values_naming_the_key() {
     let cluster = Cluster::get();
     // (values file, --set, text the error must contain)
-    let cases: [(&str, &[&str], &str); 9] = [
+    let cases: [(&str, &[&str], &str); 17] = [
         ("hub", &["mode=hubb"], "/mode"),
         ("hub", &["hub.replica=3"], "replica"),
         ("hub", &["replicaCount=-1"], "/replicaCount"),
@@ -704,6 +882,34 @@ fn values_schema_refuses_bad_values_naming_the_key() {
         ),
         ("sidecar", &["image.digest=latest"], "/image/digest"),
         ("sidecar", &["serviceMonitor.interval=30"], "interval"),
+        ("hub", &["httpPort=0"], "httpPort"),
+        ("hub", &["hostNetwork=yes"], "hostNetwork"),
+        ("hub", &["strategy.type=Rolling"], "strategy"),
+        (
+            "daemonset",
+            &["daemonset.updateStrategy.type=Recreate"],
+            "updateStrategy",
+        ),
+        (
+            "hub",
+            &["topologySpreadConstraints[0].maxSkew=1"],
+            "topologySpreadConstraints",
+        ),
+        (
+            "hub",
+            &["serviceMonitor.relabelings[0].action=rename"],
+            "relabelings",
+        ),
+        (
+            "hub",
+            &["prometheusRule.runbookURL=wiki/runbooks.md"],
+            "runbookURL",
+        ),
+        (
+            "sidecar",
+            &["leaderElection.namespace=Kube_System"],
+            "leaderElection",
+        ),
     ];
     for helm in HELMS {
         for (shape, set, needle) in cases {
