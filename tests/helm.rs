@@ -1115,3 +1115,115 @@ fn chart_reads_alert_rules_and_dashboards_from_the_observability_overlay() {
         );
     }
 }
+
+// === links ====================================================================
+
+/// The Markdown files whose relative links must resolve: every one under `deploy/` (but a
+/// vendor's manifests that `scripts/vendor-manifests.sh` puts in `vendor/`) and `docs/*.md`.
+fn markdown_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "vendor") {
+                    walk(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&repo().join("deploy"), &mut files);
+    for entry in std::fs::read_dir(repo().join("docs")).expect("read docs/") {
+        let path = entry.expect("directory entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The link targets of a Markdown text: inline links `[text](target)` and `![alt](target)`,
+/// and reference definitions `[label]: target`, outside fenced code blocks and code spans.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Code spans hold no links.
+        let prose: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, part)| part)
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Some(rest) = prose.trim_start().strip_prefix('[')
+            && let Some((_, target)) = rest.split_once("]: ")
+        {
+            out.push(
+                target
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+        }
+        let mut rest = prose.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let end = rest.find(')').unwrap_or(rest.len());
+            let target = rest[..end].split_whitespace().next().unwrap_or_default();
+            out.push(target.trim_matches(['<', '>']).to_string());
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_markdown_link_under_deploy_and_docs_resolves() {
+    let files = markdown_files();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with("deploy/helm/attacher-hub/README.md")),
+        "the chart's README is among {files:?}"
+    );
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read Markdown");
+        for target in link_targets(&text) {
+            let is_url = target
+                .split_once(':')
+                .is_some_and(|(scheme, _)| !scheme.is_empty() && !scheme.contains('/'));
+            if target.is_empty() || target.starts_with('#') || is_url {
+                continue;
+            }
+            let path = target.split('#').next().unwrap_or_default();
+            checked += 1;
+            let resolved = file.parent().expect("a directory").join(path);
+            if !resolved.exists() {
+                broken.push(format!(
+                    "{}: {target}",
+                    file.strip_prefix(repo()).unwrap_or(file).display()
+                ));
+            }
+        }
+    }
+    assert!(checked > 10, "only {checked} relative links found");
+    assert!(
+        broken.is_empty(),
+        "relative links to files that do not exist:\n  {}",
+        broken.join("\n  ")
+    );
+}
