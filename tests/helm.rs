@@ -411,24 +411,7 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
 #[test]
 fn every_shape_passes_a_server_side_dry_run() {
     let cluster = Cluster::get();
-    // The Prometheus Operator kinds, from the test-only CRDs (as tests/deploy.rs).
-    let crds = repo().join("tests/deploy/monitoring-crds.yaml");
-    let (ok, out) = kubectl(
-        &["apply", "--server-side", "-f", &crds.to_string_lossy()],
-        None,
-    );
-    assert!(ok, "applying the test CRDs: {out}");
-    let (ok, out) = kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/servicemonitors.monitoring.coreos.com",
-            "crd/prometheusrules.monitoring.coreos.com",
-        ],
-        None,
-    );
-    assert!(ok, "test CRDs not established: {out}");
+    apply_monitoring_crds();
 
     let namespace = format!("ah-helm-{}", std::process::id());
     let (ok, out) = kubectl(&["create", "namespace", &namespace], None);
@@ -681,13 +664,208 @@ fn conventional_values_of_csi_driver_charts_reach_every_shape() {
     }
 }
 
+/// The values of security, network, update strategy, spread, Lease namespace and monitoring
+/// (none of which the overlays have): each set, in each shape and with both Helms.
+fn operator_values() -> Value {
+    json!({
+        "podSecurityContext": {
+            "runAsNonRoot": false,
+            "fsGroup": 2000,
+            "seccompProfile": {"type": "RuntimeDefault"}
+        },
+        "securityContext": {
+            "runAsNonRoot": false,
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "readOnlyRootFilesystem": true,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]}
+        },
+        "hostNetwork": true,
+        "httpPort": 9808,
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "daemonset": {
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        },
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"},
+            {
+                "maxSkew": 2,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"team": "storage"}}
+            }
+        ],
+        "leaderElection": {"namespace": "kube-system"},
+        "serviceMonitor": {
+            "enabled": true,
+            "honorLabels": true,
+            "relabelings": [
+                {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"}
+            ],
+            "metricRelabelings": [
+                {"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}
+            ]
+        },
+        "prometheusRule": {
+            "enabled": true,
+            "runbookURL": "https://wiki.example.org/storage/attacher-hub-runbooks"
+        }
+    })
+}
+
+/// The Prometheus Operator kinds, from the test-only CRDs (as tests/deploy.rs).
+fn apply_monitoring_crds() {
+    let crds = repo().join("tests/deploy/monitoring-crds.yaml");
+    let (ok, out) = kubectl(
+        &["apply", "--server-side", "-f", &crds.to_string_lossy()],
+        None,
+    );
+    assert!(ok, "applying the test CRDs: {out}");
+    let (ok, out) = kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ],
+        None,
+    );
+    assert!(ok, "test CRDs not established: {out}");
+}
+
+#[test]
+fn security_network_strategy_spread_lease_and_monitoring_values_reach_every_shape() {
+    let cluster = Cluster::get();
+    apply_monitoring_crds();
+    let dir = tempfile::Builder::new()
+        .prefix("ah-helm-values-")
+        .tempdir()
+        .expect("temporary directory");
+    let file = dir.path().join("operator-values.json");
+    let values = operator_values();
+    std::fs::write(&file, values.to_string()).expect("write values");
+    let file = file.to_string_lossy().to_string();
+    let namespace = format!("ah-helm-values-{}", std::process::id());
+    let (ok, out) = kubectl(&["create", "namespace", &namespace], None);
+    assert!(ok, "creating namespace {namespace}: {out}");
+    for helm in HELMS {
+        for shape in SHAPES {
+            let what = format!("{helm}, {shape}");
+            let shape_values = chart().join(values_file(shape));
+            let mut cmd = Command::new(cluster.bin(helm));
+            cmd.args(["lint", "--strict", "-f"])
+                .arg(&shape_values)
+                .args(["-f", &file])
+                .arg(chart());
+            let (ok, out, err) = run(cmd, None);
+            assert!(
+                ok && out.contains("0 chart(s) failed") && !out.contains("[WARNING]"),
+                "{what}: helm lint --strict:\n{out}{err}"
+            );
+            let yaml = helm_template(helm, &namespace, &[&values_file(shape), &file], &[]);
+            let objs = documents(&yaml);
+            let workload = objs
+                .iter()
+                .find(|o| kind(o) == "Deployment" || kind(o) == "DaemonSet")
+                .unwrap_or_else(|| panic!("{what}: no workload"));
+            let spec = &workload["spec"];
+            let pod = &spec["template"]["spec"];
+            assert_eq!(
+                pod["securityContext"], values["podSecurityContext"],
+                "{what}"
+            );
+            assert_eq!(pod["hostNetwork"], true, "{what}");
+            assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet", "{what}");
+            let c = hub_container(workload);
+            assert_eq!(c["securityContext"], values["securityContext"], "{what}");
+            assert_eq!(c["ports"][0]["containerPort"], 9808, "{what}");
+            let args: Vec<&str> = c["args"]
+                .as_array()
+                .expect("args")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            for arg in [
+                "--http-endpoint=:9808",
+                "--leader-election-namespace=kube-system",
+            ] {
+                assert!(args.contains(&arg), "{what}: {arg} not in {args:?}");
+            }
+            if kind(workload) == "Deployment" {
+                assert_eq!(spec["strategy"], values["strategy"], "{what}");
+                let spread = pod["topologySpreadConstraints"].as_array().expect("spread");
+                assert_eq!(spread.len(), 2, "{what}");
+                assert_eq!(
+                    spread[0]["labelSelector"]["matchLabels"], spec["selector"]["matchLabels"],
+                    "{what}: a constraint without a selector selects the release's pods"
+                );
+                assert_eq!(
+                    spread[1], values["topologySpreadConstraints"][1],
+                    "{what}: a constraint with a selector is kept as given"
+                );
+            } else {
+                assert_eq!(
+                    spec["updateStrategy"], values["daemonset"]["updateStrategy"],
+                    "{what}"
+                );
+                assert!(pod["topologySpreadConstraints"].is_null(), "{what}");
+            }
+            let monitor = objs
+                .iter()
+                .find(|o| kind(o) == "ServiceMonitor")
+                .unwrap_or_else(|| panic!("{what}: no ServiceMonitor"));
+            let endpoint = &monitor["spec"]["endpoints"][0];
+            assert_eq!(endpoint["honorLabels"], true, "{what}");
+            for key in ["relabelings", "metricRelabelings"] {
+                assert_eq!(
+                    endpoint[key], values["serviceMonitor"][key],
+                    "{what}: {key}"
+                );
+            }
+            let rule = objs
+                .iter()
+                .find(|o| kind(o) == "PrometheusRule")
+                .unwrap_or_else(|| panic!("{what}: no PrometheusRule"));
+            let mut runbooks = 0;
+            for group in rule["spec"]["groups"].as_array().expect("groups") {
+                for r in group["rules"].as_array().expect("rules") {
+                    if let Some(url) = r["annotations"]["runbook_url"].as_str() {
+                        runbooks += 1;
+                        let anchor = url
+                            .strip_prefix("https://wiki.example.org/storage/attacher-hub-runbooks#")
+                            .unwrap_or_else(|| panic!("{what}: {url}"));
+                        assert_eq!(
+                            anchor,
+                            r["alert"].as_str().unwrap_or_default().to_lowercase(),
+                            "{what}: the anchor is kept"
+                        );
+                    }
+                }
+            }
+            assert!(runbooks > 5, "{what}: {runbooks} runbook URLs");
+            // The API server accepts every object as rendered.
+            if helm == "helm" {
+                let (ok, out) = kubectl(
+                    &["apply", "--dry-run=server", "-o", "name", "-f", "-"],
+                    Some(&yaml),
+                );
+                assert!(ok, "{what}: server-side dry run:\n{out}");
+            }
+        }
+    }
+    let (ok, out) = kubectl(&["delete", "namespace", &namespace, "--wait=false"], None);
+    assert!(ok, "deleting namespace {namespace}: {out}");
+}
+
 // === values validation ======================================================
 
 #[test]
 fn values_schema_refuses_bad_values_naming_the_key() {
     let cluster = Cluster::get();
     // (values file, --set, text the error must contain)
-    let cases: [(&str, &[&str], &str); 9] = [
+    let cases: [(&str, &[&str], &str); 17] = [
         ("hub", &["mode=hubb"], "/mode"),
         ("hub", &["hub.replica=3"], "replica"),
         ("hub", &["replicaCount=-1"], "/replicaCount"),
@@ -709,6 +887,34 @@ fn values_schema_refuses_bad_values_naming_the_key() {
         ),
         ("sidecar", &["image.digest=latest"], "/image/digest"),
         ("sidecar", &["serviceMonitor.interval=30"], "interval"),
+        ("hub", &["httpPort=0"], "httpPort"),
+        ("hub", &["hostNetwork=yes"], "hostNetwork"),
+        ("hub", &["strategy.type=Rolling"], "strategy"),
+        (
+            "daemonset",
+            &["daemonset.updateStrategy.type=Recreate"],
+            "updateStrategy",
+        ),
+        (
+            "hub",
+            &["topologySpreadConstraints[0].maxSkew=1"],
+            "topologySpreadConstraints",
+        ),
+        (
+            "hub",
+            &["serviceMonitor.relabelings[0].action=rename"],
+            "relabelings",
+        ),
+        (
+            "hub",
+            &["prometheusRule.runbookURL=wiki/runbooks.md"],
+            "runbookURL",
+        ),
+        (
+            "sidecar",
+            &["leaderElection.namespace=Kube_System"],
+            "leaderElection",
+        ),
     ];
     for helm in HELMS {
         for (shape, set, needle) in cases {
@@ -913,4 +1119,116 @@ fn chart_reads_alert_rules_and_dashboards_from_the_observability_overlay() {
             "{link}"
         );
     }
+}
+
+// === links ====================================================================
+
+/// The Markdown files whose relative links must resolve: every one under `deploy/` (but a
+/// vendor's manifests that `scripts/vendor-manifests.sh` puts in `vendor/`) and `docs/*.md`.
+fn markdown_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "vendor") {
+                    walk(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&repo().join("deploy"), &mut files);
+    for entry in std::fs::read_dir(repo().join("docs")).expect("read docs/") {
+        let path = entry.expect("directory entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The link targets of a Markdown text: inline links `[text](target)` and `![alt](target)`,
+/// and reference definitions `[label]: target`, outside fenced code blocks and code spans.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Code spans hold no links.
+        let prose: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, part)| part)
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Some(rest) = prose.trim_start().strip_prefix('[')
+            && let Some((_, target)) = rest.split_once("]: ")
+        {
+            out.push(
+                target
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+        }
+        let mut rest = prose.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let end = rest.find(')').unwrap_or(rest.len());
+            let target = rest[..end].split_whitespace().next().unwrap_or_default();
+            out.push(target.trim_matches(['<', '>']).to_string());
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_markdown_link_under_deploy_and_docs_resolves() {
+    let files = markdown_files();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with("deploy/helm/attacher-hub/README.md")),
+        "the chart's README is among {files:?}"
+    );
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read Markdown");
+        for target in link_targets(&text) {
+            let is_url = target
+                .split_once(':')
+                .is_some_and(|(scheme, _)| !scheme.is_empty() && !scheme.contains('/'));
+            if target.is_empty() || target.starts_with('#') || is_url {
+                continue;
+            }
+            let path = target.split('#').next().unwrap_or_default();
+            checked += 1;
+            let resolved = file.parent().expect("a directory").join(path);
+            if !resolved.exists() {
+                broken.push(format!(
+                    "{}: {target}",
+                    file.strip_prefix(repo()).unwrap_or(file).display()
+                ));
+            }
+        }
+    }
+    assert!(checked > 10, "only {checked} relative links found");
+    assert!(
+        broken.is_empty(),
+        "relative links to files that do not exist:\n  {}",
+        broken.join("\n  ")
+    );
 }

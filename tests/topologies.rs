@@ -1,9 +1,10 @@
 //! The three topologies of `docs/deploy.md`, applied to a vendor's real manifests: the GCE PD
-//! CSI driver v1.28.1 (`deploy/kubernetes/overlays/stable-master`, from the Go module cache,
-//! `tools/testbins/pd`) as the controller Deployment to transform.
+//! CSI driver v1.28.1 (`deploy/kubernetes/overlays/stable-master`, put into
+//! `deploy/examples/gce-pd/vendor` by `scripts/vendor-manifests.sh` from the Go module cache, as a
+//! user puts them) as the controller Deployment to transform.
 //!
-//! For each topology, the shipped example (`deploy/examples/gce-pd/<topology>`, its GitHub
-//! URL pointed at the local copy) and its Helm form are rendered, dry-run server-side against
+//! For each topology, the shipped example (`deploy/examples/gce-pd/<topology>`, as shipped,
+//! rendered with the network closed) and its Helm form are rendered, dry-run server-side against
 //! the API server (all but PD's node plugin DaemonSets, whose privileged containers the test
 //! API server refuses and which no topology touches), and compared with the vendor's
 //! manifests as they were:
@@ -12,7 +13,13 @@
 //!   vendor's arguments, environment, ports, probes and mounts, as root without capabilities
 //!   (the driver's socket is root's); nothing else changes. attacher-hub accepts those exact
 //!   arguments (the binary runs with them). The Helm post-renderer (Helm 3 as an executable,
-//!   Helm 4 as a plugin) renders the same objects from a chart.
+//!   Helm 4 as a plugin) renders the same objects from a chart, and changes only the
+//!   Deployment that holds a csi-attacher container: PD's webhook Deployment and any other
+//!   object pass through byte for byte. The kustomize components, which cannot select by
+//!   container, refuse to build a kustomization with such another Deployment. The image's own
+//!   user (UID 65532) cannot connect to the root-owned socket (mode 0755) a driver makes:
+//!   attacher-hub run as that user says so in one line naming the socket, the UID and the fix,
+//!   and connects as root without capabilities.
 //! * (b) controller node pool: the PD controller keeps its plugin and sidecars, has no
 //!   attacher, and exports its socket through a hostPath
 //!   (`/var/lib/attacher-hub/controllers/pd.csi.storage.gke.io/csi.sock`) on the pool's
@@ -46,12 +53,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use support::{
-    Cluster, copy_tree, documents, gce_pd_manifests, kind, kubectl, kustomize, name, namespace,
-    repo, run,
+    Cluster, copy_tree, documents, kind, kubectl, kustomize, name, namespace, repo, run,
+    vendor_manifests,
 };
-
-/// The PD manifests the shipped examples name (what `tools/testbins/pd/go.mod` pins).
-const PD_URL: &str = "https://github.com/kubernetes-sigs/gcp-compute-persistent-disk-csi-driver//deploy/kubernetes/overlays/stable-master?ref=v1.28.1";
 
 /// Namespace of the PD manifests.
 const PD_NAMESPACE: &str = "gce-pd-csi-driver";
@@ -71,9 +75,6 @@ const GO_ATTACHER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-attacher";
 
 /// The export directory of topology (b) on the nodes.
 const EXPORT_DIR: &str = "/var/lib/attacher-hub/controllers";
-
-/// The three examples.
-const TOPOLOGIES: [&str; 3] = ["sidecar-swap", "controller-pool", "hub-pod"];
 
 // === commands ===============================================================
 
@@ -101,9 +102,9 @@ fn strings(v: &Value) -> Vec<&str> {
 
 // === the workspace ============================================================
 
-/// A copy of `deploy/` with the PD manifests in `deploy/examples/gce-pd/vendor` and the
-/// examples pointed at them instead of GitHub (kustomize refuses files outside a
-/// kustomization's root, and the module cache is read-only).
+/// A copy of `deploy/` with PD's manifests put into `deploy/examples/gce-pd/vendor` by
+/// `scripts/vendor-manifests.sh`, as a user puts them (the examples name that directory; a
+/// `vendor/` of the checkout is not copied: the script fills the copy's own).
 struct Workspace {
     dir: tempfile::TempDir,
 }
@@ -121,21 +122,11 @@ impl Workspace {
             );
         }
         let ws = Workspace { dir };
-        copy_tree(gce_pd_manifests(), &ws.examples().join("vendor"));
-        for t in TOPOLOGIES {
-            let file = ws.example(t).join("kustomization.yaml");
-            let text = std::fs::read_to_string(&file).expect("read kustomization");
-            assert!(
-                text.contains(PD_URL),
-                "{} no longer names {PD_URL}; update tests/topologies.rs with tools/testbins/pd/go.mod",
-                file.display()
-            );
-            std::fs::write(
-                &file,
-                text.replace(PD_URL, "../vendor/overlays/stable-master"),
-            )
-            .expect("write kustomization");
+        let vendor = ws.examples().join("vendor");
+        if vendor.exists() {
+            std::fs::remove_dir_all(&vendor).expect("remove the checkout's vendor/ from the copy");
         }
+        vendor_manifests(&vendor);
         ws
     }
 
@@ -154,8 +145,39 @@ impl Workspace {
         ))
     }
 
+    /// `kubectl kustomize` of the example as shipped, with the network closed (every proxy
+    /// a closed loopback port): an example that fetches anything fails.
     fn render(&self, topology: &str) -> Vec<Value> {
-        documents(&kustomize(&self.example(topology)))
+        let dir = self.example(topology);
+        let text = std::fs::read_to_string(dir.join("kustomization.yaml"))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        assert!(
+            !text.contains("://"),
+            "deploy/examples/gce-pd/{topology} names a remote resource; the examples take PD's manifests from ../vendor (scripts/vendor-manifests.sh):\n{text}"
+        );
+        let mut cmd = Command::new(Cluster::get().bin("kubectl"));
+        cmd.arg("kustomize").arg(&dir);
+        for proxy in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+        ] {
+            cmd.env(proxy, "http://127.0.0.1:9");
+        }
+        cmd.env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GOPROXY", "off");
+        let (ok, out, err) = run(cmd, None);
+        assert!(
+            ok,
+            "kubectl kustomize {} (offline) failed:\n{err}",
+            dir.display()
+        );
+        documents(&out)
     }
 
     fn overlay(&self, overlay: &str) -> Vec<Value> {
@@ -640,6 +662,138 @@ fn assert_hub_accepts_the_arguments(args: &[&str]) {
     );
 }
 
+/// The shortcut of setting only a vendor chart's attacher image keeps the image's user, UID
+/// 65532, while the vendor's driver creates its socket as root with the usual mode 0755, and
+/// connecting to a Unix socket needs write permission on it. attacher-hub run as that user
+/// (setpriv, as the kubelet runs the image's USER) is refused, and says so in one line naming
+/// the socket, its own UID and the fix (in its log and in `/drivers`); run as root with every
+/// capability dropped (what the components and the post-renderer set) it connects to the same
+/// socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_user_cannot_connect_to_a_root_socket_and_says_how_to_fix_it() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    use support::{ChildProcess, eventually, free_port, http_get};
+
+    let cluster = Cluster::get();
+    let dir = tempfile::Builder::new()
+        .prefix("ah-uid-")
+        .tempdir()
+        .expect("temporary directory");
+    let mode = |m| std::fs::Permissions::from_mode(m);
+    // Every directory above the socket is searchable (the kubelet's emptyDir is): only the
+    // socket's own mode decides.
+    std::fs::set_permissions(dir.path(), mode(0o755)).expect("chmod the directory");
+    let socket = dir.path().join("csi.sock");
+    let mut cmd = tokio::process::Command::new(support::mock_csi_driver_bin());
+    cmd.arg(format!("--endpoint={}", socket.display()))
+        .arg("--name=uid.csi.test")
+        .arg("--volumes=1");
+    let mut driver = ChildProcess::spawn("mock-csi-driver", cmd);
+    driver
+        .wait_for_output("ready\n", 1, Duration::from_secs(30))
+        .await
+        .expect("the mock driver serves");
+    std::fs::set_permissions(&socket, mode(0o755)).expect("chmod the socket");
+    let meta = std::fs::metadata(&socket).expect("the socket");
+    assert_eq!(
+        (meta.uid(), meta.mode() & 0o7777),
+        (0, 0o755),
+        "a root-owned socket, 0755"
+    );
+    // The test's kubeconfig, readable by the image's user.
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::copy(&cluster.attacher_kubeconfig, &kubeconfig).expect("copy the kubeconfig");
+    std::fs::set_permissions(&kubeconfig, mode(0o644)).expect("chmod the kubeconfig");
+
+    let start = |tag: &str, ids: &[&str]| {
+        let port = free_port();
+        let mut cmd = tokio::process::Command::new("setpriv");
+        cmd.args(ids)
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_attacher-hub"))
+            .arg(format!("--csi-address=unix://{}", socket.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+            .env_remove("POD_NAMESPACE");
+        (ChildProcess::spawn(tag, cmd), port)
+    };
+    let drivers = async |port: u16| -> Option<Value> {
+        let (status, body) = http_get(port, "/drivers").await.ok()?;
+        (status == 200)
+            .then(|| serde_json::from_str::<Value>(&body).ok())??
+            .get(0)
+            .cloned()
+    };
+
+    // The image's user.
+    let (mut hub, port) = start(
+        "attacher-hub-65532",
+        &["--reuid=65532", "--regid=65532", "--clear-groups"],
+    );
+    hub.wait_for_output("cannot connect to", 1, Duration::from_secs(60))
+        .await
+        .expect("attacher-hub as UID 65532 reports the failed connection");
+    let line = hub
+        .stderr()
+        .lines()
+        .find(|l| l.contains("cannot connect to"))
+        .expect("the line")
+        .to_owned();
+    let path = socket.display().to_string();
+    for part in [
+        path.as_str(),
+        "Permission denied",
+        "this process (UID 65532, GID 65532)",
+        "owner UID 0, GID 0, mode 0755",
+        "runAsUser: 0 with every capability dropped",
+        "writable by a group of this process (runAsGroup, fsGroup)",
+    ] {
+        assert!(line.contains(part), "{part:?} not in the log line:\n{line}");
+    }
+    let last_error = eventually(
+        "/drivers shows the error",
+        Duration::from_secs(30),
+        || async {
+            drivers(port).await?["lastError"]
+                .as_str()
+                .map(str::to_owned)
+        },
+    )
+    .await;
+    assert!(
+        last_error.contains(&path)
+            && last_error.contains("UID 65532")
+            && !last_error.contains('\n'),
+        "/drivers: {last_error}"
+    );
+    hub.stop().await;
+
+    // Root with every capability dropped (no DAC_OVERRIDE: it reaches what root owns).
+    let (mut root, port) = start(
+        "attacher-hub-root",
+        &[
+            "--reuid=0",
+            "--regid=0",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ],
+    );
+    eventually(
+        "root without capabilities connects",
+        Duration::from_secs(60),
+        || async { (drivers(port).await?["name"] == "uid.csi.test").then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        root.count_in_output("cannot connect to"),
+        0,
+        "{}",
+        root.stderr()
+    );
+    root.stop().await;
+}
+
 // === (b) controller node pool ==================================================
 
 /// The path on the node of the socket a Deployment's driver container exports, from its
@@ -973,6 +1127,11 @@ fn vendor_chart(ws: &Workspace, vendor: &[Value]) -> PathBuf {
 /// the script, Helm 4 the plugin (`deploy/helm-post-renderer` linked into a plugins directory
 /// of the test's own).
 fn post_rendered(ws: &Workspace, helm: &str, chart: &Path, args: &[&str]) -> Vec<Value> {
+    documents(&post_rendered_text(ws, helm, chart, args))
+}
+
+/// As [`post_rendered`], the text Helm prints.
+fn post_rendered_text(ws: &Workspace, helm: &str, chart: &Path, args: &[&str]) -> String {
     let cluster = Cluster::get();
     let script = repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer");
     let plugins = ws.dir.path().join("helm-plugins");
@@ -1009,7 +1168,7 @@ fn post_rendered(ws: &Workspace, helm: &str, chart: &Path, args: &[&str]) -> Vec
         ok,
         "{helm} template through the post-renderer {args:?}:\n{err}"
     );
-    documents(&out)
+    out
 }
 
 /// The objects of `objs` by key.
@@ -1084,6 +1243,169 @@ fn helm_post_renderer_applies_the_topologies_to_a_vendor_chart_with_helm_3_and_4
         }
         let (ok, _, err) = run(cmd, None);
         assert!(!ok && err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+/// PD's own webhook Deployment (`base/webhook`, which stable-master leaves out): a Deployment
+/// next to the controller, in its namespace, with no csi-attacher container. Its file's text
+/// (comments included) and the object.
+fn pd_webhook(ws: &Workspace) -> (String, Value) {
+    let file = ws.examples().join("vendor/base/webhook/deployment.yaml");
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let obj = documents(&text).pop().expect("the webhook Deployment");
+    assert_eq!(kind(&obj), "Deployment");
+    assert!(container(&obj, "csi-attacher").is_none());
+    (text, obj)
+}
+
+#[test]
+fn helm_post_renderer_changes_only_the_deployment_that_holds_csi_attacher() {
+    let ws = Workspace::new();
+    let vendor = ws.vendor();
+    let chart = vendor_chart(&ws, &vendor);
+    let (webhook_text, webhook) = pd_webhook(&ws);
+    std::fs::write(chart.join("templates/webhook.yaml"), &webhook_text).expect("write template");
+    // An object that names csi-attacher without being a Deployment that runs it.
+    let notes_text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: attacher-notes\n  \
+                      namespace: gce-pd-csi-driver\ndata:\n  \
+                      container: csi-attacher # swapped by attacher-hub\n";
+    std::fs::write(chart.join("templates/notes.yaml"), notes_text).expect("write template");
+    let socket_dir = format!("{EXPORT_DIR}/{PD_DRIVER}");
+    for helm in ["helm3", "helm"] {
+        for args in [
+            &["sidecar-swap"][..],
+            &["export-controller-socket", &socket_dir, "storage"][..],
+        ] {
+            let what = format!("{helm} post-renderer {args:?}");
+            let text = post_rendered_text(&ws, helm, &chart, args);
+            let objs = documents(&text);
+            assert_eq!(
+                find(&objs, "Deployment", "pd-csi-taint-webhook"),
+                &webhook,
+                "{what}: a Deployment without a csi-attacher container changed"
+            );
+            // Not through kustomize, which drops comments. Helm 3 prints what the post-renderer
+            // wrote; Helm 4 re-indents the documents it is given back (keeping comments).
+            for comment in [
+                "# REQUIRED: Must contain tls.crt and tls.key",
+                "# swapped by attacher-hub",
+            ] {
+                assert!(text.contains(comment), "{what}: {comment:?} lost:\n{text}");
+            }
+            if helm == "helm3" {
+                for written in [webhook_text.trim_end(), notes_text.trim_end()] {
+                    assert!(
+                        text.contains(written),
+                        "{what}: not written byte for byte as the chart rendered it:\n{written}\n--- in ---\n{text}"
+                    );
+                }
+            }
+            let pd = find(&objs, "Deployment", PD_CONTROLLER);
+            match args[0] {
+                "sidecar-swap" => assert_eq!(
+                    container(pd, "csi-attacher").expect("the attacher")["image"],
+                    HUB_IMAGE,
+                    "{what}"
+                ),
+                _ => assert!(container(pd, "csi-attacher").is_none(), "{what}"),
+            }
+            // Everything else is the vendor's.
+            let pd_key = key(pd);
+            let added = [
+                key(&webhook),
+                "ConfigMap gce-pd-csi-driver/attacher-notes".into(),
+            ];
+            assert_unchanged_except(&what, &vendor, &objs, &[pd_key], &added);
+        }
+    }
+    // The script itself, fed a stream as any renderer writes it: every document but the
+    // controller's comes out byte for byte.
+    let cluster = Cluster::get();
+    let script = || {
+        let mut cmd =
+            Command::new(repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer"));
+        cmd.env(
+            "PATH",
+            format!(
+                "{}:{}",
+                cluster.testbins.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        );
+        cmd
+    };
+    let others: Vec<String> = vendor
+        .iter()
+        .filter(|o| key(o) != key(find(&vendor, "Deployment", PD_CONTROLLER)))
+        .map(|o| serde_json::to_string(o).expect("JSON"))
+        .chain([
+            webhook_text.trim_end().to_string(),
+            notes_text.trim_end().to_string(),
+        ])
+        .collect();
+    let controller =
+        serde_json::to_string(find(&vendor, "Deployment", PD_CONTROLLER)).expect("JSON");
+    let stream = format!("{}\n---\n{controller}\n", others.join("\n---\n"));
+    let (ok, out, err) = run(script(), Some(&stream));
+    assert!(ok, "the post-renderer on a stream: {err}");
+    let written: Vec<&str> = out
+        .strip_prefix("---\n")
+        .unwrap_or(&out)
+        .split("\n---\n")
+        .map(str::trim_end)
+        .collect();
+    for doc in &others {
+        assert!(
+            written.contains(&doc.as_str()),
+            "not written byte for byte:\n{doc}\n--- in ---\n{out}"
+        );
+    }
+    // Manifests without such a Deployment are refused: the topology would change nothing.
+    let (ok, _, err) = run(script(), Some(&webhook_text));
+    assert!(
+        !ok && err.contains("no Deployment with a container named csi-attacher"),
+        "{err}"
+    );
+}
+
+#[test]
+fn components_refuse_a_deployment_without_csi_attacher_instead_of_patching_it() {
+    let ws = Workspace::new();
+    let (webhook_text, _) = pd_webhook(&ws);
+    for (topology, component) in [
+        ("sidecar-swap", "sidecar-swap"),
+        ("controller-pool", "export-controller-socket"),
+        ("hub-pod", "hub-pod"),
+    ] {
+        // The example with PD's webhook Deployment among its resources.
+        let dir = ws.example(topology);
+        std::fs::write(dir.join("webhook.yaml"), &webhook_text).expect("write webhook.yaml");
+        let file = dir.join("kustomization.yaml");
+        let text = std::fs::read_to_string(&file).expect("read kustomization");
+        let from = "  - ../vendor/overlays/stable-master\n";
+        assert!(text.contains(from), "{}: {text}", file.display());
+        std::fs::write(
+            &file,
+            text.replace(from, &format!("{from}  - webhook.yaml\n")),
+        )
+        .expect("write kustomization");
+        let mut cmd = Command::new(Cluster::get().bin("kubectl"));
+        cmd.arg("kustomize").arg(&dir);
+        let (ok, out, err) = run(cmd, None);
+        assert!(
+            !ok,
+            "{component}: a kustomization with a Deployment without csi-attacher was built:\n{}",
+            documents(&out)
+                .iter()
+                .filter(|o| name(o) == "pd-csi-taint-webhook")
+                .map(|o| o.to_string())
+                .collect::<String>()
+        );
+        assert!(
+            err.contains("csi-attacher-guard")
+                && err.contains("spec.template.spec.containers.[name=csi-attacher]"),
+            "{component}: kustomize's refusal names the guard and the container:\n{err}"
+        );
     }
 }
 

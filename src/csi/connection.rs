@@ -51,11 +51,12 @@ pub enum Error {
     },
 }
 
-/// Why connecting to the socket at `address` failed, as an operator needs it: the OS error
-/// (found in `error`'s causes; tonic's own text is only "transport error") and what it usually
-/// means. A missing socket, one nobody listens on, and one this process may not open (the
-/// likeliest in production: the driver's socket owned by root, the hub running as UID 65532)
-/// read differently.
+/// Why connecting to the socket at `address` failed, as an operator needs it, on one line: the
+/// OS error (found in `error`'s causes; tonic's own text is only "transport error") and what it
+/// usually means. A missing socket, one nobody listens on, and one this process may not open
+/// (the likeliest in production: the driver's socket owned by root with mode 0755, attacher-hub
+/// running as the image's UID 65532) read differently; the last names this process's user,
+/// the socket's owner and mode, and the two ways out.
 pub fn connect_failure(address: &Address, error: &(dyn std::error::Error + 'static)) -> String {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     let mut os = None;
@@ -80,10 +81,7 @@ pub fn connect_failure(address: &Address, error: &(dyn std::error::Error + 'stat
         io::ErrorKind::ConnectionRefused => {
             "nothing listens on it: a socket file left behind by a driver that stopped?".to_owned()
         }
-        io::ErrorKind::PermissionDenied => format!(
-            "this process ({}) may not open it: connecting needs write permission on the socket; run as its owner, or have the driver make it group-writable for a group this process has (runAsGroup, fsGroup)",
-            process_ids()
-        ),
+        io::ErrorKind::PermissionDenied => permission_hint(address.path()),
         _ => String::new(),
     };
     if hint.is_empty() {
@@ -93,18 +91,58 @@ pub fn connect_failure(address: &Address, error: &(dyn std::error::Error + 'stat
     }
 }
 
-/// `UID u, GID g` of this process (from `/proc/self/status`; `?` where it cannot be read).
+/// What to do about a socket this process may not connect to: connecting needs write
+/// permission on the socket file (and search permission on every directory above it).
+fn permission_hint(socket: &Path) -> String {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let me = process_ids();
+    match std::fs::metadata(socket) {
+        Ok(meta) => format!(
+            "this process ({me}) may not write to the socket (owner UID {}, GID {}, mode {:04o}), \
+             which connecting needs; run attacher-hub as the socket's owner (for a root-owned \
+             socket: securityContext runAsUser: 0 with every capability dropped, as \
+             deploy/components/sidecar-swap does), or have the driver create the socket \
+             writable by a group of this process (runAsGroup, fsGroup)",
+            meta.uid(),
+            meta.gid(),
+            meta.permissions().mode() & 0o7777,
+        ),
+        Err(e) => format!(
+            "this process ({me}) may not reach the socket ({e}): every directory above it \
+             needs search permission for this user, and the socket write permission; run \
+             attacher-hub as the socket's owner (for root: securityContext runAsUser: 0 with \
+             every capability dropped) or make them accessible to a group of this process \
+             (runAsGroup, fsGroup)"
+        ),
+    }
+}
+
+/// `UID u, GID g` of this process, with its supplementary groups when it has any (from
+/// `/proc/self/status`; `?` where it cannot be read).
 fn process_ids() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let id = |key: &str| {
+    let field = |key: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(key))
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or("?")
-            .to_owned()
+            .map(|rest| rest.split_whitespace().collect::<Vec<_>>())
     };
-    format!("UID {}, GID {}", id("Uid:"), id("Gid:"))
+    let first = |key: &str| {
+        field(key)
+            .and_then(|v| v.first().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "?".to_owned())
+    };
+    let groups = field("Groups:").unwrap_or_default();
+    if groups.is_empty() {
+        format!("UID {}, GID {}", first("Uid:"), first("Gid:"))
+    } else {
+        format!(
+            "UID {}, GID {}, groups {}",
+            first("Uid:"),
+            first("Gid:"),
+            groups.join(",")
+        )
+    }
 }
 
 /// The address of a driver socket: an absolute or relative filesystem path.
@@ -395,15 +433,43 @@ mod tests {
             text.contains("Connection refused (os error 111): nothing listens on it"),
             "{text}"
         );
-        // Permission denied cannot be made as root; the text is what the OS error gives.
+        // Permission denied cannot be made as root (tests/topologies.rs runs the binary as UID
+        // 65532 for it); the text for a socket that exists: one line with the path, this
+        // process's user, the socket's owner and mode, and both fixes.
         let denied = io::Error::from(io::ErrorKind::PermissionDenied);
-        let text = connect_failure(&"/csi/csi.sock".parse().expect("a path"), &denied);
+        let socket = dir.path().join("root.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+        }
+        let address: Address = socket.to_str().expect("UTF-8").parse().expect("a path");
+        let text = connect_failure(&address, &denied);
+        let uid = process_ids();
+        let head = format!(
+            "cannot connect to {}: permission denied: ",
+            socket.display()
+        );
+        let who = format!("this process ({uid}) may not write to the socket");
+        for part in [
+            head.as_str(),
+            who.as_str(),
+            "mode 0755",
+            "runAsUser: 0 with every capability dropped",
+            "writable by a group of this process (runAsGroup, fsGroup)",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        assert!(!text.contains('\n'), "one line: {text}");
+        // A socket behind a directory this process may not search: no owner to name.
+        let text = connect_failure(
+            &"/nonexistent/dir/csi.sock".parse().expect("a path"),
+            &denied,
+        );
         assert!(
-            text.starts_with(
-                "cannot connect to /csi/csi.sock: permission denied: this process (UID "
-            ),
+            text.contains("may not reach the socket") && text.contains("search permission"),
             "{text}"
         );
-        assert!(text.contains("write permission on the socket"), "{text}");
     }
 }

@@ -49,7 +49,7 @@ pub(crate) use proc_stats::{
 pub(crate) use process::{
     ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher, under_hostname,
 };
-pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, gce_pd_manifests};
+pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, vendor_manifests};
 pub(crate) use wait::{WaitError, wait_deleted, wait_for};
 pub(crate) use workload::{
     NAMESPACE, NodeDriver, PD_TOPOLOGY_KEY, PodVolume, Source, StaticVolume, create_csinode_with,

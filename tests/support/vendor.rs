@@ -1,57 +1,41 @@
 //! A vendor's real CSI driver manifests: the GCE PD CSI driver pinned in
-//! `tools/testbins/pd/go.mod`, found in (or, on a fresh machine, downloaded
-//! into) the Go module cache by `go mod download`. A module that cannot be had
-//! is a test failure, never a skip.
+//! `tools/testbins/pd/go.mod`, put where the shipped examples take them from by
+//! `scripts/vendor-manifests.sh` (from the Go module cache, or, on a fresh machine, downloaded
+//! into it by `go mod download`), as a user does. Manifests that cannot be had are a test
+//! failure, never a skip.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 
-use super::repo;
+use super::{repo, run};
 
 /// The module of the GCE PD CSI driver (its version is the one `tools/testbins/pd/go.mod` pins).
 pub(crate) const GCE_PD_MODULE: &str = "sigs.k8s.io/gcp-compute-persistent-disk-csi-driver";
 
-/// `deploy/kubernetes` of the pinned GCE PD CSI driver in the Go module cache (read-only:
-/// copy it before building kustomizations next to it).
-pub(crate) fn gce_pd_manifests() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let module_dir = repo().join("tools/testbins/pd");
-        let out = Command::new("go")
-            .args(["mod", "download", "-json", GCE_PD_MODULE])
-            .current_dir(&module_dir)
-            .env("GOFLAGS", "-mod=mod")
-            .env("GOTOOLCHAIN", "local")
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run `go mod download` for {GCE_PD_MODULE} (Go is needed for the test tools): {e}")
-            });
-        let text = String::from_utf8_lossy(&out.stdout);
-        let info: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| {
-            panic!(
-                "`go mod download -json {GCE_PD_MODULE}` in {} failed ({}): {e}\n{text}{}",
-                module_dir.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        if let Some(error) = info["Error"].as_str() {
-            panic!("`go mod download {GCE_PD_MODULE}`: {error}");
-        }
-        let dir = PathBuf::from(
-            info["Dir"]
-                .as_str()
-                .unwrap_or_else(|| panic!("`go mod download -json` printed no Dir: {text}")),
-        )
-        .join("deploy/kubernetes");
-        assert!(
-            dir.join("base/controller/controller.yaml").is_file(),
-            "{} has no base/controller/controller.yaml; is tools/testbins/pd/go.mod still on v1.28.1?",
-            dir.display()
-        );
-        dir
-    })
+/// Runs `scripts/vendor-manifests.sh dir`: PD's `deploy/kubernetes` at the pinned version in
+/// `dir`, which the examples of `deploy/examples/gce-pd` name as `../vendor`.
+pub(crate) fn vendor_manifests(dir: &Path) {
+    let script = repo().join("scripts/vendor-manifests.sh");
+    let mut cmd = Command::new(&script);
+    cmd.arg(dir);
+    let (ok, out, err) = run(cmd, None);
+    assert!(
+        ok,
+        "{} {} failed (Go is needed for the test tools):\n{out}{err}",
+        script.display(),
+        dir.display()
+    );
+    let version = std::fs::read_to_string(dir.join("VERSION")).unwrap_or_default();
+    assert!(
+        version.starts_with(&format!("{GCE_PD_MODULE}@v1.28.1")),
+        "{} holds {version:?}; is tools/testbins/pd/go.mod still on v1.28.1?",
+        dir.display()
+    );
+    assert!(
+        dir.join("base/controller/controller.yaml").is_file(),
+        "{} has no base/controller/controller.yaml",
+        dir.display()
+    );
 }
 
 /// Copies `from` into `to` (created), following symbolic links and making every copy writable.

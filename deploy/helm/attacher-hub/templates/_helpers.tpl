@@ -114,7 +114,70 @@ env:
   {{- end }}
 ports:
   - name: http-metrics
-    containerPort: 8080
+    containerPort: {{ .root.Values.httpPort }}
+{{- end -}}
+
+{{/*
+The flags every shape passes after its driver source: leader election (in
+leaderElection.namespace when set) and the HTTP listener.
+*/}}
+{{- define "attacher-hub.commonArgs" -}}
+- --leader-election
+{{- with .Values.leaderElection.namespace }}
+- --leader-election-namespace={{ . }}
+{{- end }}
+- --http-endpoint=:{{ .Values.httpPort }}
+{{- end -}}
+
+{{/*
+Every namespace where the release's attacher-hub keeps Leases, as a JSON list
+(release namespace first unless leaderElection.namespace replaces it): the
+drivers' default namespace (also where the replicas' presence Leases live)
+and, in the hub shape, the namespaces hub.drivers entries name in
+leaderElection.namespace. The Lease Roles belong in each.
+*/}}
+{{- define "attacher-hub.leaseNamespaces" -}}
+{{- $all := list (default .Release.Namespace .Values.leaderElection.namespace) }}
+{{- if eq .Values.mode "hub" }}
+{{- range .Values.hub.drivers }}
+{{- if kindIs "map" .leaderElection }}
+{{- with .leaderElection.namespace }}
+{{- $all = append $all . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $all | uniq | toJson }}
+{{- end -}}
+
+{{/*
+The attacher-hub container's securityContext: securityContext when set, else
+the shape's own (called with (dict "root" $ "default" <yaml>)).
+*/}}
+{{- define "attacher-hub.containerSecurityContext" -}}
+{{- if .root.Values.securityContext -}}
+{{- toYaml .root.Values.securityContext -}}
+{{- else -}}
+{{- .default -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The pods' topologySpreadConstraints (hub and sidecar shapes, when any), each
+without a labelSelector given the shape's pod selector (called with (dict "root" $
+"selector" <map>)).
+*/}}
+{{- define "attacher-hub.topologySpreadConstraints" -}}
+{{- $out := list }}
+{{- range .root.Values.topologySpreadConstraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" $.selector) }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end -}}
+topologySpreadConstraints:
+  {{- toYaml $out | nindent 2 }}
 {{- end -}}
 
 {{/* Liveness: fails when a Lease this replica leads could not be renewed in time. */}}
@@ -144,8 +207,28 @@ capabilities:
   drop: ["ALL"]
 {{- end -}}
 
-{{/* Pod-level scheduling and pull settings shared by every shape (only those set). */}}
+{{/*
+Container security context of the daemonset shape: UID 0 to reach the node
+plugins' root-owned sockets (mode 0755 normally; connecting to a Unix socket
+needs write permission on it), with every capability dropped (so no
+DAC_OVERRIDE), no privilege escalation and a read-only root filesystem.
+*/}}
+{{- define "attacher-hub.rootSecurityContext" -}}
+runAsNonRoot: false
+runAsUser: 0
+runAsGroup: 0
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* Pod-level network, scheduling and pull settings shared by every shape (only those set). */}}
 {{- define "attacher-hub.podExtras" -}}
+{{- if .Values.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -176,8 +259,7 @@ name: {{ .Values.sidecar.containerName }}
 image: {{ include "attacher-hub.image" . }}
 args:
   - --csi-address=$(ADDRESS)
-  - --leader-election
-  - --http-endpoint=:8080
+  {{- include "attacher-hub.commonArgs" . | nindent 2 }}
   {{- with .Values.extraArgs }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -188,7 +270,7 @@ resources:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 securityContext:
-  {{- include "attacher-hub.nonRootSecurityContext" . | nindent 2 }}
+  {{- include "attacher-hub.containerSecurityContext" (dict "root" . "default" (include "attacher-hub.nonRootSecurityContext" .)) | nindent 2 }}
 volumeMounts:
   - name: socket-dir
     mountPath: {{ .Values.sidecar.socketDir }}
