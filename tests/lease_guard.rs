@@ -257,7 +257,7 @@ async fn a_go_sidecar_leading_in_another_namespace_keeps_the_hub_from_leading() 
         "attacher-hub status explains it:\n{table}"
     );
     let series = format!(
-        "attacher_hub_lease_guard_blocked{{driver_name=\"{driver}\",holder=\"{}\",namespace=\"{go_ns}\"}} 1",
+        "attacher_hub_lease_guard_blocked{{driver_name=\"{driver}\",holder=\"{}\",lease_namespace=\"{go_ns}\"}} 1",
         go.identity
     );
     eventually(
