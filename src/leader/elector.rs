@@ -679,11 +679,13 @@ impl LeaderElector {
             })
     }
 
-    /// client-go `maybeReportTransition`: logs and publishes a change of the observed holder.
+    /// client-go `maybeReportTransition`: logs and publishes a change of the observed holder;
+    /// shares when the observed record last changed (for [`Status::live_holder`]).
     fn report_holder(&mut self) {
         let Some(observed) = &self.observed else {
             return;
         };
+        self.status.lock().changed = Some(observed.at);
         if observed.record.holder == self.reported_holder {
             return;
         }
@@ -997,6 +999,10 @@ mod tests {
             }
         );
         assert_eq!(status.holder().as_deref(), Some("other"));
+        assert_eq!(status.live_holder(Instant::now()).as_deref(), Some("other"));
+        // The holder never renews: live until a lease duration after it was first seen.
+        tokio::time::sleep(Duration::from_millis(3950)).await;
+        assert_eq!(status.live_holder(Instant::now()), None);
         rx.wait_for(Leadership::is_leading).await.expect("leads");
         let waited = start.elapsed();
         assert!(
@@ -1011,11 +1017,13 @@ mod tests {
     async fn a_renewing_foreign_holder_is_never_displaced() {
         let fake = FakeApi::default();
         fake.put(&held_by("other", 0));
-        let (rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
+        let (rx, _handle, _token, status) = spawn_on(&fake, fast_config("me"));
         for i in 0..20 {
             tokio::time::sleep(Duration::from_secs(1)).await;
             renew_stored(&fake, i);
             assert!(!rx.borrow().is_leading());
+            // The standby knows it stands by for a live holder (not a loss).
+            assert_eq!(status.live_holder(Instant::now()).as_deref(), Some("other"));
         }
         assert_eq!(stored_record(&fake).holder, "other");
     }

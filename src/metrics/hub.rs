@@ -78,6 +78,13 @@ pub struct HubMetrics {
     /// `attacher_hub_lease_guard_available{driver_name}`: 1 when the cross-namespace Lease guard
     /// can list Leases in all namespaces, 0 when it cannot (RBAC) and so does not guard.
     pub lease_guard_available: prometheus::GaugeVec,
+    /// `attacher_hub_lease_held_by_other{driver_name}`: 1 while this replica stands by because
+    /// another holder keeps the driver's Lease alive: the holder of its own Lease renews it (a
+    /// replica of this hub, or the driver's Go external-attacher during a migration), or the
+    /// cross-namespace Lease guard blocks for a Lease of the same name renewed elsewhere. 0 while
+    /// it leads, or stands by with nobody renewing the Lease (a loss). Only for drivers with
+    /// leader election; `AttacherHubLeaseLost` leaves out the drivers where it is 1.
+    pub lease_held_by_other: prometheus::GaugeVec,
     /// The `lease_namespace` and `holder` labels of each driver's `lease_guard_blocked` series, so
     /// that a refresh that changes nothing costs one lookup (scanning the family for each
     /// driver every second cost a third of an idle hub's CPU at 100 drivers).
@@ -223,6 +230,13 @@ impl HubMetrics {
                 ),
                 &["driver_name"],
             )?,
+            lease_held_by_other: GaugeVec::new(
+                Opts::new(
+                    "attacher_hub_lease_held_by_other",
+                    "1 while this replica stands by because another holder renews the driver's Lease (its own, or one of the same name in another namespace); 0 while it leads or nobody renews the Lease",
+                ),
+                &["driver_name"],
+            )?,
             guard_shown: Arc::default(),
         };
         registry.register(Box::new(this.queue_depth.clone()))?;
@@ -243,6 +257,7 @@ impl HubMetrics {
         registry.register(Box::new(this.api_requests.clone()))?;
         registry.register(Box::new(this.lease_guard_blocked.clone()))?;
         registry.register(Box::new(this.lease_guard_available.clone()))?;
+        registry.register(Box::new(this.lease_held_by_other.clone()))?;
         Ok(this)
     }
 
@@ -289,6 +304,7 @@ impl HubMetrics {
         remove_driver_series(&self.api_requests, driver);
         remove_driver_series(&self.lease_guard_blocked, driver);
         remove_driver_series(&self.lease_guard_available, driver);
+        remove_driver_series(&self.lease_held_by_other, driver);
         self.guard_shown.lock().remove(driver);
     }
 
