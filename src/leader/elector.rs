@@ -25,7 +25,6 @@ use super::record::{
 use super::status::Status;
 use super::timing::{JITTER_FACTOR, RenewGrid};
 use crate::random::random_unit;
-use crate::telemetry::error_with_root_cause;
 
 /// First pause after a failed attempt to acquire (the API server did not answer); it doubles
 /// up to [`ERROR_RETRY_MAX`] (or the retry period, if shorter) while failures go on (see
@@ -372,7 +371,7 @@ impl LeaderElector {
                     }
                 }
                 Err(e) => {
-                    let error = error_with_root_cause(&e);
+                    let error = e.one_line();
                     match failures.failed() {
                         Some(n) => warn!(error, failures = n, "failed to acquire lease"),
                         None => debug!(error, "failed to acquire lease"),
@@ -484,7 +483,7 @@ impl LeaderElector {
                         warn!("the lease was taken over by another candidate");
                         return LeadEnd::Lost;
                     }
-                    Err(e) => warn!(error = %error_with_root_cause(&e), "failed to renew lease"),
+                    Err(e) => warn!(error = %e.one_line(), "failed to renew lease"),
                 }
                 let next = Instant::now() + self.config.retry_period;
                 if next >= deadline {
@@ -520,7 +519,7 @@ impl LeaderElector {
             match self.update(lease, &record, deadline).await {
                 Ok(()) => return Ok(true),
                 Err(e) => debug!(
-                    error = %error_with_root_cause(&e),
+                    error = %e.one_line(),
                     "failed to update lease optimistically, falling back to slow path"
                 ),
             }
@@ -764,7 +763,7 @@ impl LeaderElector {
                 Ok(())
             }
             Err(e) => {
-                warn!(error = %error_with_root_cause(&e), "failed to release the lease");
+                warn!(error = %e.one_line(), "failed to release the lease");
                 Err(e)
             }
         }

@@ -231,9 +231,9 @@ impl Driver {
     pub fn stands_by_for_live_holder(&self, own: Option<&crate::leader::Status>) -> bool {
         match self.state() {
             State::Blocked { .. } => true,
-            State::Standby => own.is_some_and(|s| {
-                s.live_holder(tokio::time::Instant::now()).is_some()
-            }),
+            State::Standby => {
+                own.is_some_and(|s| s.live_holder(tokio::time::Instant::now()).is_some())
+            }
             _ => false,
         }
     }
