@@ -34,13 +34,14 @@
 //!
 //! ```text
 //!  app ─▶ hub ─▶ hub::driver ─▶ controller ─▶ csi, k8s ─▶ metrics ─▶ names
-//!   │      └──▶ config ─▶ cli ─▶ leader ─▶ names, random, telemetry
-//!   └──▶ status (subcommand) ─▶ cli::values, k8s::client, telemetry
+//!   │      └──▶ config ─▶ cli ─▶ leader ─▶ names, random, telemetry, api_error
+//!   └──▶ status (subcommand) ─▶ cli::values, k8s::client, telemetry, api_error
 //! ```
 //!
-//! `names`, `random` and `telemetry` are leaves; `queue` and `http` use no
-//! other module of the crate.
+//! `names`, `random` and `api_error` are leaves, `telemetry` uses only `api_error` (errors
+//! on one line); `queue` and `http` use no other module of the crate.
 
+pub mod api_error;
 pub mod app;
 pub mod cli;
 pub mod config;

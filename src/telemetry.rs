@@ -13,8 +13,7 @@
 //! klog's `ErrorS` does. Errors have no `v` (as in klog); warnings and info lines are `v=0`,
 //! debug lines `v=1` and trace lines `v=4`, the lowest `-v` that shows them
 //! ([`directive_for_verbosity`]). `RUST_LOG`, when set, overrides `-v`. Errors are written on one
-//! line by [`error_chain`] (every cause) or [`error_with_root_cause`] (the innermost one, for
-//! kube's API errors).
+//! line by [`error_chain`].
 
 use std::io::Write;
 
@@ -323,17 +322,11 @@ fn quoted(v: &Value) -> String {
     v.to_string()
 }
 
-/// An error and its causes on one line, `: `-separated: how the process prints a fatal error and
-/// how `attacher-hub status` prints a failed read.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+/// An error and its causes on one line, `: `-separated, each once, an API server's answer as
+/// `<code> <reason>: <message>` ([`crate::api_error::one_line`]): how the process prints a
+/// fatal error, logs a failure and how `attacher-hub status` prints a failed read.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    crate::api_error::one_line(error, None)
 }
 
 /// Which of a run of repeated failures deserve a warning: the first, then at most one per
@@ -390,20 +383,6 @@ impl Throttle {
     }
 }
 
-/// `error: root cause` on one line, for logs of API errors: only the innermost cause is appended,
-/// because kube's `Error::Api` already repeats its `Status` in its own message.
-pub fn error_with_root_cause(error: &dyn std::error::Error) -> String {
-    let mut root = None;
-    let mut source = error.source();
-    while let Some(cause) = source {
-        root = Some(cause);
-        source = cause.source();
-    }
-    match root {
-        Some(cause) => format!("{error}: {cause}"),
-        None => error.to_string(),
-    }
-}
 /// The message a panic was raised with (`"panic"` when it carried no text).
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
@@ -557,7 +536,7 @@ mod tests {
     struct Layer(&'static str, #[source] Option<Box<Layer>>);
 
     #[test]
-    fn chains_name_every_cause_or_only_the_root() {
+    fn chains_name_every_cause_once() {
         let e = Layer(
             "cannot update Lease",
             Some(Box::new(Layer(
@@ -565,13 +544,26 @@ mod tests {
                 Some(Box::new(Layer("conflict", None))),
             ))),
         );
-        assert_eq!(
-            error_chain(&e),
-            "cannot update Lease: ApiError: conflict: conflict"
-        );
-        assert_eq!(error_with_root_cause(&e), "cannot update Lease: conflict");
+        assert_eq!(error_chain(&e), "cannot update Lease: ApiError: conflict");
         let alone = Layer("alone", None);
         assert_eq!(error_chain(&alone), "alone");
-        assert_eq!(error_with_root_cause(&alone), "alone");
+    }
+
+    /// kube's `Display` of an API error carries a `Debug` dump of the server's `Status`; the
+    /// chain says the code, the reason and the message.
+    #[test]
+    fn an_api_error_in_a_chain_is_one_line_without_a_debug_dump() {
+        let e = Layer("cannot list", None);
+        let api = kube::Error::Api(
+            kube::core::Status::failure("leases is forbidden", "Forbidden")
+                .with_code(403)
+                .boxed(),
+        );
+        assert!(
+            api.to_string().contains("Status {"),
+            "kube's own text: {api}"
+        );
+        assert_eq!(error_chain(&api), "403 Forbidden: leases is forbidden");
+        assert_eq!(error_chain(&e), "cannot list");
     }
 }

@@ -125,6 +125,28 @@ fn demo_until_attached_creates_pods_and_prints_three_leading_drivers_with_every_
         stdout.contains(&format!("attached: {total}/{total} VolumeAttachments")),
         "summary line missing:\n{stdout}"
     );
+    // Notes under the table (the demo's attacher identity may not list Leases in all
+    // namespaces, so each driver has a `lease guard unavailable` note): each one line naming
+    // the cause and the fix, never a dump of an API error (they were 1,500 characters each).
+    for note in lines.iter().filter(|l| l.starts_with("note: ")) {
+        let (_, what) = note
+            .split_once(": ")
+            .and_then(|(_, rest)| rest.split_once(": "))
+            .unwrap_or_else(|| panic!("a note without a driver: {note}"));
+        assert!(
+            what.chars().count() < 200,
+            "a note of {} characters: {note}",
+            what.chars().count()
+        );
+        for dump in [
+            "Status {",
+            "ErrorResponse {",
+            "ApiError",
+            "Failed to parse error data",
+        ] {
+            assert!(!note.contains(dump), "a dump ({dump}) in a note: {note}");
+        }
+    }
 
     // The Pods table: every driver's Pods attached, seen in the Nodes' status.
     let pods_header = lines

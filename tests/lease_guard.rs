@@ -15,7 +15,9 @@
 //! * `without_the_cluster_wide_list_the_hub_says_so_and_leads_as_before`: without RBAC for the
 //!   list, the hub reports the guard unavailable (`/drivers`, `attacher-hub status`,
 //!   `attacher_hub_lease_guard_available 0`, a log line with the fix) and leads as it did
-//!   before the guard existed.
+//!   before the guard existed. What it says is one line under 200 characters naming the
+//!   refusal, the missing grant (verb, resource, scope) and the component or chart value that
+//!   gives it, never a dump of the API server's Status.
 //!
 //! Both programs take their identity from the host name, so each runs in a UTS namespace of
 //! its own (`support::under_hostname`).
@@ -129,6 +131,20 @@ async fn status(hub: &Attacher) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What operators read (a note, a reason, a log line): one line under 200 characters, never a
+/// `Debug` dump of an API error.
+fn assert_operator_text(text: &str, what: &str) {
+    assert!(!text.contains('\n'), "{what} spans lines: {text}");
+    assert!(
+        text.chars().count() < 200,
+        "{what} has {} characters: {text}",
+        text.chars().count()
+    );
+    for dump in ["Status {", "ErrorResponse {", "StatusDetails {", "ApiError"] {
+        assert!(!text.contains(dump), "{what} has a dump ({dump}): {text}");
+    }
 }
 
 /// What the monitor saw of both attachers.
@@ -257,7 +273,7 @@ async fn a_go_sidecar_leading_in_another_namespace_keeps_the_hub_from_leading() 
         "attacher-hub status explains it:\n{table}"
     );
     let series = format!(
-        "attacher_hub_lease_guard_blocked{{driver_name=\"{driver}\",holder=\"{}\",namespace=\"{go_ns}\"}} 1",
+        "attacher_hub_lease_guard_blocked{{driver_name=\"{driver}\",holder=\"{}\",lease_namespace=\"{go_ns}\"}} 1",
         go.identity
     );
     eventually(
@@ -422,20 +438,28 @@ async fn without_the_cluster_wide_list_the_hub_says_so_and_leads_as_before() {
     })
     .await;
     assert_eq!(d["leaseGuard"]["state"], "unavailable", "{d}");
+    // One line naming the refusal, the missing grant and what gives it; no dump of the API
+    // server's Status (kube's own text of the error had one: about 1,500 characters).
     let reason = d["leaseGuard"]["reason"].as_str().unwrap_or_default();
-    assert!(
-        reason.contains("cannot list Leases in all namespaces")
-            && reason.contains("deploy/components/lease-guard")
-            && reason.contains("rbac.leaseGuard=true"),
-        "{reason}"
+    assert_operator_text(reason, "/drivers leaseGuard.reason");
+    assert_eq!(
+        reason,
+        "403 Forbidden: no grant to list leases.coordination.k8s.io cluster-wide; add deploy/components/lease-guard (chart: rbac.leaseGuard=true)"
     );
     let table = status(&h).await;
-    assert!(
-        table.contains(&format!(
-            "note: {driver}: lease guard unavailable: cannot list Leases in all namespaces"
-        )),
-        "attacher-hub status says the guard is off:\n{table}"
-    );
+    let prefix = format!("note: {driver}: lease guard unavailable: ");
+    let note = table
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("attacher-hub status says the guard is off:\n{table}"));
+    assert_operator_text(note, "the status note");
+    assert_eq!(note, reason, "{table}");
+    for line in table.lines().filter(|l| l.starts_with("note: ")) {
+        assert!(
+            !line.contains("Status {") && !line.contains("ApiError"),
+            "a note with a dump: {line}"
+        );
+    }
     let series = format!("attacher_hub_lease_guard_available{{driver_name=\"{driver}\"}} 0");
     eventually("attacher_hub_lease_guard_available 0", NOTICE, || async {
         h.metrics()
@@ -446,9 +470,20 @@ async fn without_the_cluster_wide_list_the_hub_says_so_and_leads_as_before() {
     })
     .await;
     h.process
-        .wait_for_output("lease guard unavailable: cannot list Leases", 1, NOTICE)
+        .wait_for_output(
+            "lease guard unavailable: 403 Forbidden: no grant to list leases.coordination.k8s.io cluster-wide",
+            1,
+            NOTICE,
+        )
         .await
         .expect("a log line");
+    let log = format!("{}{}", h.process.stdout(), h.process.stderr());
+    for dump in ["Status {", "ErrorResponse {", "StatusDetails {"] {
+        assert!(
+            !log.contains(dump),
+            "a Debug dump ({dump}) in the log:\n{log}"
+        );
+    }
     h.assert_running();
     h.process.stop().await;
     drop(go);

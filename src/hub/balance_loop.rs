@@ -12,6 +12,7 @@ use super::{
     driver::{Driver, State},
 };
 use crate::{
+    api_error::{Grant, one_line},
     k8s::router,
     leader::balance::{self, Presence},
 };
@@ -71,6 +72,8 @@ pub(crate) async fn balance_leases(
         () = hub.first_reconcile.cancelled() => {}
     }
     let mut tick = tokio::time::interval(config.retry_period);
+    // Refused Lease watches: a warning at most every WATCH_LOG_EVERY.
+    let mut refusals = crate::telemetry::Throttle::new(WATCH_LOG_EVERY);
     // A reload that adds or removes drivers changes the share at once, not a period later.
     let mut slots_changed = hub.registry.slots_changed();
     // Whether the last round saw another live replica, and when we last wrote our presence.
@@ -97,7 +100,7 @@ pub(crate) async fn balance_leases(
             Some(event) = next_or_pending(feed.as_mut()) => {
                 match event {
                     Ok(event) => feed_electors(&hub.shared, &event),
-                    Err(error) => tracing::debug!(%error, "the driver Lease watch failed; retrying"),
+                    Err(error) => watch_failed(&mut refusals, "the driver Lease watch", &config.namespace, &error),
                 }
                 continue;
             }
@@ -131,7 +134,7 @@ pub(crate) async fn balance_leases(
                             }
                         }
                     }
-                    Some(Err(error)) => tracing::debug!(%error, "the Lease watch failed; retrying"),
+                    Some(Err(error)) => watch_failed(&mut refusals, "the presence Lease watch", &config.namespace, &error),
                     None => break,
                 }
                 continue;
@@ -176,7 +179,14 @@ pub(crate) async fn balance_leases(
             Ok(_) if renew => renewed = Some(now),
             Ok(_) => {}
             Err(error) => {
-                tracing::warn!(%error, "renewing replica presence failed");
+                let grant = Grant {
+                    verb: "get, create and update",
+                    resource: "leases.coordination.k8s.io",
+                    namespace: Some(&config.namespace),
+                    granted_by: "bind deploy/base/rbac/role.yaml there (chart: rbac.create)",
+                };
+                let error = one_line(&error, Some(&grant));
+                tracing::warn!(error, "renewing replica presence failed");
                 continue;
             }
         }
@@ -305,6 +315,44 @@ fn lease_watch(
     .backoff(router::WatchBackoff::default())
     .map_ok(lease_event)
     .boxed()
+}
+
+/// How often a refused Lease watch is worth a warning (it retries every few seconds).
+const WATCH_LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// Logs a failure of one of the Lease watches (`what`) in `namespace`: a refusal (a missing
+/// grant, which only an operator can fix: until then a hand-over waits for the retry tick) as
+/// a warning at most every [`WATCH_LOG_EVERY`] naming the grant; anything else at debug level
+/// (the watch retries with backoff).
+fn watch_failed(
+    refusals: &mut crate::telemetry::Throttle,
+    what: &str,
+    namespace: &str,
+    error: &kube::runtime::watcher::Error,
+) {
+    use kube::runtime::watcher::Error as W;
+    let verb = match error {
+        W::InitialListFailed(_) => "list",
+        _ => "watch",
+    };
+    let grant = Grant {
+        verb,
+        resource: "leases.coordination.k8s.io",
+        namespace: Some(namespace),
+        granted_by: "add deploy/components/replica-balance (chart: hub and daemonset shapes)",
+    };
+    let refused = match error {
+        W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => {
+            matches!(e, kube::Error::Api(s) if s.code == 403)
+        }
+        W::WatchError(s) => s.code == 403,
+        W::NoResourceVersion => false,
+    };
+    let error = one_line(error, Some(&grant));
+    match refused.then(|| refusals.failed()).flatten() {
+        Some(failures) => tracing::warn!(error, failures, "{what} failed; retrying"),
+        None => tracing::debug!(error, "{what} failed; retrying"),
+    }
 }
 
 /// The next item of `stream`; never, without one.

@@ -23,6 +23,8 @@ const BACKLOG_LOG_INTERVAL: Duration = Duration::from_secs(30);
 /// value: for each driver every second, that was most of an idle hub's work).
 struct DriverSeries {
     up: Gauge,
+    /// `attacher_hub_lease_held_by_other`, with leader election only.
+    held_by_other: Option<Gauge>,
     pools: Vec<PoolSeries>,
 }
 
@@ -54,6 +56,11 @@ impl DriverSeries {
             .collect();
         Self {
             up: metrics.driver_up.with_label_values(&[name]),
+            held_by_other: driver
+                .settings()
+                .leader_election
+                .is_some()
+                .then(|| metrics.lease_held_by_other.with_label_values(&[name])),
             pools,
         }
     }
@@ -105,6 +112,11 @@ impl Gauges {
                 .entry(name.clone())
                 .or_insert_with(|| DriverSeries::new(metrics, &name, &d));
             driver.up.set(if up { 1.0 } else { 0.0 });
+            if let Some(held) = &driver.held_by_other {
+                let own = hub.shared.leader_status.get(&name).map(|s| s.clone());
+                let stands_by = d.stands_by_for_live_holder(own.as_ref());
+                held.set(if stands_by { 1.0 } else { 0.0 });
+            }
             metrics.set_lease_guard(&name, d.lease_guard_view().as_ref());
             for ((pool, q), s) in d.queue_depths().into_iter().zip(&mut driver.pools) {
                 let adds = q.adds();

@@ -183,7 +183,7 @@ async fn run_watch<K, T, F>(
     let mut stream: std::pin::Pin<
         Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
     > = Box::pin(stream);
-    let mut log = WatchLog::default();
+    let mut log = WatchLog::of::<K>();
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -291,24 +291,45 @@ const WATCH_LOG_EVERY: Duration = Duration::from_secs(30);
 /// warning per [`WATCH_LOG_EVERY`], each naming the API server and the cause, and the
 /// recovery once.
 #[derive(Debug)]
-struct WatchLog(crate::telemetry::Throttle);
-
-impl Default for WatchLog {
-    fn default() -> Self {
-        Self(crate::telemetry::Throttle::new(WATCH_LOG_EVERY))
-    }
+struct WatchLog {
+    /// Warnings at most every [`WATCH_LOG_EVERY`].
+    throttle: crate::telemetry::Throttle,
+    /// The watched resource with its group (`volumeattachments.storage.k8s.io`), for a refusal.
+    resource: String,
 }
 
 impl WatchLog {
-    /// A failure of the watch of `server`.
+    /// The log of the watch of `K`.
+    fn of<K: Resource<DynamicType = ()>>() -> Self {
+        let (plural, group) = (K::plural(&()), K::group(&()));
+        Self {
+            throttle: crate::telemetry::Throttle::new(WATCH_LOG_EVERY),
+            resource: if group.is_empty() {
+                plural.into_owned()
+            } else {
+                format!("{plural}.{group}")
+            },
+        }
+    }
+
+    /// A failure of the watch of `server`: on one line, a refusal naming the grant it lacks.
     fn failed(&mut self, server: &str, error: &watcher::Error) {
-        let err = crate::telemetry::error_chain(error);
-        match self.0.failed() {
+        let grant = crate::api_error::Grant {
+            verb: match error {
+                watcher::Error::InitialListFailed(_) => "list",
+                _ => "watch",
+            },
+            resource: &self.resource,
+            namespace: None,
+            granted_by: "add the ClusterRole of deploy/base/rbac (chart: rbac.create)",
+        };
+        let err = crate::api_error::one_line(error, Some(&grant));
+        match self.throttle.failed() {
             Some(failures) => {
                 tracing::warn!(%server, err, failures, "watch failed; retrying with backoff");
             }
             None => {
-                let failures = self.0.failures();
+                let failures = self.throttle.failures();
                 tracing::debug!(%server, err, failures, "watch failed");
             }
         }
@@ -316,7 +337,7 @@ impl WatchLog {
 
     /// The watch delivered again.
     fn delivered(&mut self, server: &str) {
-        let failures = self.0.succeeded();
+        let failures = self.throttle.succeeded();
         if failures > 0 {
             tracing::info!(%server, failures, "watch resumed");
         }

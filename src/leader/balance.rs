@@ -406,7 +406,8 @@ impl Presence {
         .await
         .unwrap_or_else(|_| Err(kube::Error::Service("no answer".into())));
         if let Err(error) = deleted {
-            tracing::debug!(%error, "deleting the presence lease failed");
+            let error = crate::api_error::one_line(&error, None);
+            tracing::debug!(error, "deleting the presence lease failed");
         }
     }
 

@@ -25,7 +25,6 @@ use super::record::{
 use super::status::Status;
 use super::timing::{JITTER_FACTOR, RenewGrid};
 use crate::random::random_unit;
-use crate::telemetry::error_with_root_cause;
 
 /// First pause after a failed attempt to acquire (the API server did not answer); it doubles
 /// up to [`ERROR_RETRY_MAX`] (or the retry period, if shorter) while failures go on (see
@@ -372,7 +371,7 @@ impl LeaderElector {
                     }
                 }
                 Err(e) => {
-                    let error = error_with_root_cause(&e);
+                    let error = e.one_line();
                     match failures.failed() {
                         Some(n) => warn!(error, failures = n, "failed to acquire lease"),
                         None => debug!(error, "failed to acquire lease"),
@@ -484,7 +483,7 @@ impl LeaderElector {
                         warn!("the lease was taken over by another candidate");
                         return LeadEnd::Lost;
                     }
-                    Err(e) => warn!(error = %error_with_root_cause(&e), "failed to renew lease"),
+                    Err(e) => warn!(error = %e.one_line(), "failed to renew lease"),
                 }
                 let next = Instant::now() + self.config.retry_period;
                 if next >= deadline {
@@ -520,7 +519,7 @@ impl LeaderElector {
             match self.update(lease, &record, deadline).await {
                 Ok(()) => return Ok(true),
                 Err(e) => debug!(
-                    error = %error_with_root_cause(&e),
+                    error = %e.one_line(),
                     "failed to update lease optimistically, falling back to slow path"
                 ),
             }
@@ -679,11 +678,13 @@ impl LeaderElector {
             })
     }
 
-    /// client-go `maybeReportTransition`: logs and publishes a change of the observed holder.
+    /// client-go `maybeReportTransition`: logs and publishes a change of the observed holder;
+    /// shares when the observed record last changed (for [`Status::live_holder`]).
     fn report_holder(&mut self) {
         let Some(observed) = &self.observed else {
             return;
         };
+        self.status.lock().changed = Some(observed.at);
         if observed.record.holder == self.reported_holder {
             return;
         }
@@ -762,7 +763,7 @@ impl LeaderElector {
                 Ok(())
             }
             Err(e) => {
-                warn!(error = %error_with_root_cause(&e), "failed to release the lease");
+                warn!(error = %e.one_line(), "failed to release the lease");
                 Err(e)
             }
         }
@@ -997,6 +998,10 @@ mod tests {
             }
         );
         assert_eq!(status.holder().as_deref(), Some("other"));
+        assert_eq!(status.live_holder(Instant::now()).as_deref(), Some("other"));
+        // The holder never renews: live until a lease duration after it was first seen.
+        tokio::time::sleep(Duration::from_millis(3950)).await;
+        assert_eq!(status.live_holder(Instant::now()), None);
         rx.wait_for(Leadership::is_leading).await.expect("leads");
         let waited = start.elapsed();
         assert!(
@@ -1011,11 +1016,13 @@ mod tests {
     async fn a_renewing_foreign_holder_is_never_displaced() {
         let fake = FakeApi::default();
         fake.put(&held_by("other", 0));
-        let (rx, _handle, _token, _status) = spawn_on(&fake, fast_config("me"));
+        let (rx, _handle, _token, status) = spawn_on(&fake, fast_config("me"));
         for i in 0..20 {
             tokio::time::sleep(Duration::from_secs(1)).await;
             renew_stored(&fake, i);
             assert!(!rx.borrow().is_leading());
+            // The standby knows it stands by for a live holder (not a loss).
+            assert_eq!(status.live_holder(Instant::now()).as_deref(), Some("other"));
         }
         assert_eq!(stored_record(&fake).holder, "other");
     }

@@ -1,6 +1,11 @@
 //! Errors of leader election.
 
 use super::config::ConfigError;
+use crate::api_error::{self, Grant};
+
+/// What grants the Lease verbs in a namespace: the hub's own namespace has the manifests'
+/// Role; a Lease namespace set per driver (a sidecar's, during a migration) needs one too.
+const LEASE_ROLE: &str = "bind a Role like deploy/base/rbac/role.yaml there (the manifests and chart grant the hub's own namespace only)";
 
 /// Result type of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -57,4 +62,63 @@ pub enum Error {
         /// Lease name.
         name: String,
     },
+}
+
+impl Error {
+    /// The grant a refused request needed: the verb on Leases in the Lease's namespace.
+    pub fn grant(&self) -> Option<Grant<'_>> {
+        let (verb, namespace) = match self {
+            Error::Get { namespace, .. } => ("get", namespace),
+            Error::Create { namespace, .. } => ("create", namespace),
+            Error::Update { namespace, .. } => ("update", namespace),
+            Error::Config(_) | Error::Hostname(_) | Error::Timeout { .. } => return None,
+        };
+        Some(Grant {
+            verb,
+            resource: "leases.coordination.k8s.io",
+            namespace: Some(namespace),
+            granted_by: LEASE_ROLE,
+        })
+    }
+
+    /// The error on one line for logs: the step, then the API server's answer (a refusal
+    /// with the grant it lacks), never a dump of it.
+    pub fn one_line(&self) -> String {
+        api_error::one_line(self, self.grant().as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_lease_request_names_the_verb_the_namespace_and_the_role() {
+        let e = Error::Get {
+            namespace: "kube-system".into(),
+            name: "external-attacher-leader-pd-csi-storage-gke-io".into(),
+            source: kube::Error::Api(
+                kube::core::Status::failure("leases \"x\" is forbidden: ...", "Forbidden")
+                    .with_code(403)
+                    .boxed(),
+            ),
+        };
+        assert_eq!(
+            e.one_line(),
+            "cannot get Lease kube-system/external-attacher-leader-pd-csi-storage-gke-io: 403 Forbidden: no grant to get leases.coordination.k8s.io in namespace kube-system; bind a Role like deploy/base/rbac/role.yaml there (the manifests and chart grant the hub's own namespace only)"
+        );
+        let e = Error::Update {
+            namespace: "attacher-hub".into(),
+            name: "l".into(),
+            source: kube::Error::Api(
+                kube::core::Status::failure("the object has been modified", "Conflict")
+                    .with_code(409)
+                    .boxed(),
+            ),
+        };
+        assert_eq!(
+            e.one_line(),
+            "cannot update Lease attacher-hub/l: 409 Conflict: the object has been modified"
+        );
+    }
 }

@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::record::Record;
-use crate::telemetry::error_with_root_cause;
+use crate::api_error::{Grant, one_line};
 
 /// Longest wait for one cluster-wide list; a slower answer counts as a failed check.
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -59,8 +59,14 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// cost the API server a refused request per driver four times a minute.
 pub const REFUSED_LOOK_INTERVAL: Duration = Duration::from_secs(300);
 
-/// The ClusterRole (kustomize component and Helm value) that grants the cluster-wide list.
-pub const GRANT_HINT: &str = "grant `list` on coordination.k8s.io leases in all namespaces (deploy/components/lease-guard, or the chart's rbac.leaseGuard=true)";
+/// The grant the guard needs, and the ClusterRole (kustomize component and Helm value) that
+/// gives it.
+pub const LIST_GRANT: Grant<'static> = Grant {
+    verb: "list",
+    resource: "leases.coordination.k8s.io",
+    namespace: None,
+    granted_by: "add deploy/components/lease-guard (chart: rbac.leaseGuard=true)",
+};
 
 /// Another holder of the driver's Lease name, in another namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -291,12 +297,11 @@ fn after_failure(
 ) -> View {
     let forbidden = matches!(error, kube::Error::Api(s) if s.code == 403);
     if forbidden {
+        // The refusal names the grant and what gives it; "lease guard unavailable" in front of
+        // it (status note, log line) says what it costs.
         return View {
             verdict: Verdict::Unavailable {
-                reason: format!(
-                    "cannot list Leases in all namespaces ({}); the guard against another attacher leading this driver from another namespace is off: {GRANT_HINT}",
-                    error_with_root_cause(error)
-                ),
+                reason: one_line(error, Some(&LIST_GRANT)),
             },
             renewing: None,
         };
@@ -306,7 +311,7 @@ fn after_failure(
             verdict: Verdict::Unavailable {
                 reason: format!(
                     "listing Leases in all namespaces keeps failing ({}); the guard is off until it works",
-                    error_with_root_cause(error)
+                    one_line(error, Some(&LIST_GRANT))
                 ),
             },
             renewing: None,
@@ -720,11 +725,10 @@ mod tests {
         let Verdict::Unavailable { reason } = &v.verdict else {
             panic!("{v:?}")
         };
-        assert!(
-            reason.contains("cannot list Leases in all namespaces"),
-            "{reason}"
+        assert_eq!(
+            reason,
+            "403 Forbidden: no grant to list leases.coordination.k8s.io cluster-wide; add deploy/components/lease-guard (chart: rbac.leaseGuard=true)"
         );
-        assert!(reason.contains("deploy/components/lease-guard"), "{reason}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -36,8 +36,8 @@
 //! [`balance`] (spreading driver Leases across hub replicas), [`runner`] (one task for a hub's
 //! electors), [`guard`] (no leading while
 //! another holder renews a Lease of the same name in another namespace) and [`lean`] (Leases
-//! read without their managed fields). It uses only [`crate::names`],
-//! [`crate::random`] and [`crate::telemetry`] of the crate (and kube).
+//! read without their managed fields). It uses only [`crate::names`], [`crate::random`],
+//! [`crate::telemetry`] and [`crate::api_error`] of the crate (and kube).
 
 pub mod balance;
 pub mod config;

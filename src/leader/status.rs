@@ -45,6 +45,9 @@ pub(crate) struct StatusInner {
     pub(crate) leading: bool,
     /// Last observed non-empty `holderIdentity`.
     pub(crate) holder: Option<String>,
+    /// Local instant at which the observed Lease record last changed (client-go
+    /// `observedTime`): with the lease duration, it tells whether `holder` is alive.
+    pub(crate) changed: Option<Instant>,
     /// Local instant of the last successful acquire or renew.
     pub(crate) last_renew: Option<Instant>,
 }
@@ -78,6 +81,21 @@ impl Status {
     /// Whether we currently lead.
     pub fn is_leading(&self) -> bool {
         self.lock().leading
+    }
+
+    /// The holder other than us that keeps the Lease alive, if we stand by behind one: by
+    /// client-go's rule, the Lease record we last observed changed less than a lease duration
+    /// before `now` (by our clock), so a candidate must not take it. `None` while we lead,
+    /// while the Lease is vacant or unknown (never read: a refused or failing read), and once
+    /// its holder has stopped renewing for a lease duration.
+    pub fn live_holder(&self, now: Instant) -> Option<String> {
+        let inner = self.lock();
+        if inner.leading {
+            return None;
+        }
+        let holder = inner.holder.as_ref().filter(|h| **h != *self.identity)?;
+        let changed = inner.changed?;
+        (changed + self.lease_duration > now).then(|| holder.clone())
     }
 
     /// Local instant of the last successful acquire or renew by this candidate.
@@ -134,5 +152,37 @@ mod tests {
         // A standby with an old renewal is healthy.
         status.lock().leading = false;
         assert_eq!(status.check(HEALTH_TOLERANCE), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_is_live_until_its_record_has_not_changed_for_a_lease_duration() {
+        let mut c = config();
+        c.lease_duration = Duration::from_secs(15);
+        let status = Status::new(&c);
+        // Never read: nobody known to hold it.
+        assert_eq!(status.live_holder(Instant::now()), None);
+        {
+            let mut inner = status.lock();
+            inner.holder = Some("go-1".into());
+            inner.changed = Some(Instant::now());
+        }
+        assert_eq!(status.live_holder(Instant::now()).as_deref(), Some("go-1"));
+        tokio::time::advance(Duration::from_secs(14)).await;
+        assert_eq!(status.live_holder(Instant::now()).as_deref(), Some("go-1"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(status.live_holder(Instant::now()), None, "expired");
+        // Our own record, or leading, is no other holder.
+        {
+            let mut inner = status.lock();
+            inner.holder = Some("me".into());
+            inner.changed = Some(Instant::now());
+        }
+        assert_eq!(status.live_holder(Instant::now()), None);
+        {
+            let mut inner = status.lock();
+            inner.holder = Some("go-1".into());
+            inner.leading = true;
+        }
+        assert_eq!(status.live_holder(Instant::now()), None);
     }
 }

@@ -68,15 +68,24 @@ pub struct HubMetrics {
     /// `attacher_hub_api_requests_total{driver_name, verb, resource, code}`: API requests made
     /// for a driver, by HTTP status code (`error` when no answer came).
     pub api_requests: prometheus::IntCounterVec,
-    /// `attacher_hub_lease_guard_blocked{driver_name, namespace, holder}`: 1 while another holder
-    /// renews the driver's Lease in another namespace (labels: that Lease's namespace and
+    /// `attacher_hub_lease_guard_blocked{driver_name, lease_namespace, holder}`: 1 while another
+    /// holder renews the driver's Lease in another namespace (labels: that Lease's namespace and
     /// holder), so this replica does not lead it; else one series with empty labels and value 0.
-    /// Only for drivers with leader election.
+    /// Only for drivers with leader election. The label is not `namespace`: under Prometheus
+    /// Operator (`honor_labels: false`) the target's own `namespace` label (the pod's) would
+    /// replace it, and the Lease's would end up as `exported_namespace`.
     pub lease_guard_blocked: prometheus::GaugeVec,
     /// `attacher_hub_lease_guard_available{driver_name}`: 1 when the cross-namespace Lease guard
     /// can list Leases in all namespaces, 0 when it cannot (RBAC) and so does not guard.
     pub lease_guard_available: prometheus::GaugeVec,
-    /// The `namespace` and `holder` labels of each driver's `lease_guard_blocked` series, so
+    /// `attacher_hub_lease_held_by_other{driver_name}`: 1 while this replica stands by because
+    /// another holder keeps the driver's Lease alive: the holder of its own Lease renews it (a
+    /// replica of this hub, or the driver's Go external-attacher during a migration), or the
+    /// cross-namespace Lease guard blocks for a Lease of the same name renewed elsewhere. 0 while
+    /// it leads, or stands by with nobody renewing the Lease (a loss). Only for drivers with
+    /// leader election; `AttacherHubLeaseLost` leaves out the drivers where it is 1.
+    pub lease_held_by_other: prometheus::GaugeVec,
+    /// The `lease_namespace` and `holder` labels of each driver's `lease_guard_blocked` series, so
     /// that a refresh that changes nothing costs one lookup (scanning the family for each
     /// driver every second cost a third of an idle hub's CPU at 100 drivers).
     guard_shown: Arc<Mutex<HashMap<String, [String; 2]>>>,
@@ -210,14 +219,21 @@ impl HubMetrics {
             lease_guard_blocked: GaugeVec::new(
                 Opts::new(
                     "attacher_hub_lease_guard_blocked",
-                    "1 while another holder renews the driver's Lease in another namespace (labels namespace, holder), so this replica does not lead the driver",
+                    "1 while another holder renews the driver's Lease in another namespace (labels lease_namespace, holder), so this replica does not lead the driver",
                 ),
-                &["driver_name", "namespace", "holder"],
+                &["driver_name", "lease_namespace", "holder"],
             )?,
             lease_guard_available: GaugeVec::new(
                 Opts::new(
                     "attacher_hub_lease_guard_available",
                     "1 if the cross-namespace Lease guard can list Leases in all namespaces, 0 if not (it then does not guard)",
+                ),
+                &["driver_name"],
+            )?,
+            lease_held_by_other: GaugeVec::new(
+                Opts::new(
+                    "attacher_hub_lease_held_by_other",
+                    "1 while this replica stands by because another holder renews the driver's Lease (its own, or one of the same name in another namespace); 0 while it leads or nobody renews the Lease",
                 ),
                 &["driver_name"],
             )?,
@@ -241,6 +257,7 @@ impl HubMetrics {
         registry.register(Box::new(this.api_requests.clone()))?;
         registry.register(Box::new(this.lease_guard_blocked.clone()))?;
         registry.register(Box::new(this.lease_guard_available.clone()))?;
+        registry.register(Box::new(this.lease_held_by_other.clone()))?;
         Ok(this)
     }
 
@@ -287,6 +304,7 @@ impl HubMetrics {
         remove_driver_series(&self.api_requests, driver);
         remove_driver_series(&self.lease_guard_blocked, driver);
         remove_driver_series(&self.lease_guard_available, driver);
+        remove_driver_series(&self.lease_held_by_other, driver);
         self.guard_shown.lock().remove(driver);
     }
 
@@ -441,7 +459,7 @@ mod tests {
             series(&render(&registry)),
             [
                 r#"attacher_hub_lease_guard_available{driver_name="d"} 1"#,
-                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="",namespace=""} 0"#,
+                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="",lease_namespace=""} 0"#,
             ]
         );
         m.set_lease_guard("d", Some(&blocked));
@@ -449,7 +467,7 @@ mod tests {
             series(&render(&registry)),
             [
                 r#"attacher_hub_lease_guard_available{driver_name="d"} 1"#,
-                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="go-1",namespace="kube-system"} 1"#,
+                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="go-1",lease_namespace="kube-system"} 1"#,
             ]
         );
         m.set_lease_guard("d", Some(&unavailable));
@@ -457,7 +475,7 @@ mod tests {
             series(&render(&registry)),
             [
                 r#"attacher_hub_lease_guard_available{driver_name="d"} 0"#,
-                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="",namespace=""} 0"#,
+                r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="",lease_namespace=""} 0"#,
             ]
         );
         // No leader election, no guard, no series.

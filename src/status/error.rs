@@ -68,3 +68,52 @@ pub enum Error {
     #[error("listing VolumeAttachments")]
     ListVolumeAttachments(#[source] kube::Error),
 }
+
+impl Error {
+    /// The error on one line, as the subcommand prints it: each step once, the API server's
+    /// answer as `<code> <reason>: <message>`, a refusal naming the grant the user of the
+    /// kubeconfig lacks (never a dump of the server's Status).
+    pub fn one_line(&self) -> String {
+        let grant = match self {
+            Error::Proxy { namespace, .. } => Some(crate::api_error::Grant {
+                verb: "get",
+                resource: "pods/proxy",
+                namespace: Some(namespace),
+                granted_by: "use a kubeconfig whose user may (kubectl auth can-i get pods/proxy), or --address",
+            }),
+            Error::ListVolumeAttachments(_) => Some(crate::api_error::Grant {
+                verb: "list",
+                resource: "volumeattachments.storage.k8s.io",
+                namespace: None,
+                granted_by: "use a kubeconfig whose user may (kubectl auth can-i list volumeattachments)",
+            }),
+            _ => None,
+        };
+        crate::api_error::one_line(self, grant.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_read_names_the_grant_on_one_line() {
+        let e = Error::Proxy {
+            namespace: "attacher-hub".into(),
+            pod: "attacher-hub-0".into(),
+            source: kube::Error::Api(
+                kube::core::Status::failure(
+                    "pods \"attacher-hub-0\" is forbidden: ...",
+                    "Forbidden",
+                )
+                .with_code(403)
+                .boxed(),
+            ),
+        };
+        assert_eq!(
+            e.one_line(),
+            "reading /drivers of pod attacher-hub/attacher-hub-0 through the API server's pod proxy: 403 Forbidden: no grant to get pods/proxy in namespace attacher-hub; use a kubeconfig whose user may (kubectl auth can-i get pods/proxy), or --address"
+        );
+    }
+}

@@ -246,7 +246,7 @@ pub(crate) async fn snapshot(
             match counted {
                 Ok(counts) => Some(counts),
                 Err(e) if counter.implicit => {
-                    uncounted = Some(crate::telemetry::error_chain(&e));
+                    uncounted = Some(e.one_line());
                     None
                 }
                 Err(e) => return Err(e),

@@ -33,7 +33,6 @@ pub use error::Error;
 pub use fetch::pod_proxy_path;
 pub use table::{Counts, Row, count, render_json, render_table, rows};
 
-use crate::telemetry::error_chain as chain;
 use fetch::{Counter, Snapshot, Source, authority, kube_client, snapshot};
 
 fn render(snapshot: &Snapshot, output: Output) -> String {
@@ -155,12 +154,12 @@ async fn run(args: Args) -> Result<u8, Error> {
         let result = snapshot(&source, counter.as_ref(), &args).await;
         let line = match &result {
             Ok(snap) => summary(snap),
-            Err(e) => format!("not answering: {}", chain(e)),
+            Err(e) => format!("not answering: {}", e.one_line()),
         };
         if tty {
             let body = match &result {
                 Ok(snap) => render(snap, args.output),
-                Err(e) => format!("{}\n", chain(e)),
+                Err(e) => format!("{}\n", e.one_line()),
             };
             let footer = if args.until_attached {
                 "waiting until every driver is ready and every VolumeAttachment is attached ..."
@@ -225,7 +224,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> std::process::ExitCode 
     match runtime.block_on(run(args)) {
         Ok(code) => std::process::ExitCode::from(code),
         Err(error) => {
-            eprintln!("attacher-hub status: {}", chain(&error));
+            eprintln!("attacher-hub status: {}", error.one_line());
             std::process::ExitCode::from(1)
         }
     }

@@ -195,13 +195,19 @@ pub fn render_table(rows: &[Row]) -> String {
     if rows.is_empty() {
         out.push_str("(no drivers)\n");
     }
+    // A note is one line, whatever the hub wrote (an older hub's reasons span lines).
+    let one_line = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
     let mut notes = Vec::new();
     for r in rows {
         if let Some(reason) = &r.reason {
-            notes.push(format!("{}: {}: {reason}", r.driver, r.state));
+            notes.push(format!("{}: {}: {}", r.driver, r.state, one_line(reason)));
         }
         if let Some(why) = &r.guard_unavailable {
-            notes.push(format!("{}: lease guard unavailable: {why}", r.driver));
+            notes.push(format!(
+                "{}: lease guard unavailable: {}",
+                r.driver,
+                one_line(why)
+            ));
         }
         if let Some(c) = r.attachments.filter(|c| c.failing > 0) {
             notes.push(format!(
@@ -436,8 +442,7 @@ pub(crate) mod tests {
             json!("the Lease ... set leaderElection.namespace: kube-system ...");
         blocked["leaseGuard"] = json!({"state": "blocked", "namespace": "kube-system"});
         let mut unguarded = entry("nfs.csi.example.com", "leading", Some("h"), [0, 0, 0]);
-        unguarded["leaseGuard"] =
-            json!({"state": "unavailable", "reason": "cannot list Leases in all namespaces"});
+        unguarded["leaseGuard"] = json!({"state": "unavailable", "reason": "403 Forbidden: no grant to list leases.coordination.k8s.io cluster-wide;\n add deploy/components/lease-guard"});
         let table = render_table(&rows(&[blocked, unguarded], None));
         let cells: Vec<&str> = table
             .lines()
@@ -451,7 +456,7 @@ pub(crate) mod tests {
             "{table}"
         );
         assert!(
-            table.contains("note: nfs.csi.example.com: lease guard unavailable: cannot list Leases in all namespaces\n"),
+            table.contains("note: nfs.csi.example.com: lease guard unavailable: 403 Forbidden: no grant to list leases.coordination.k8s.io cluster-wide; add deploy/components/lease-guard\n"),
             "{table}"
         );
     }

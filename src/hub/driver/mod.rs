@@ -224,6 +224,20 @@ impl Driver {
         }
     }
 
+    /// Whether this replica stands by for another holder that keeps the driver's Lease alive,
+    /// so that not leading is no loss: the guard blocks it for a Lease of the same name
+    /// renewed in another namespace, or (`own`: the status of its own Lease's elector) the
+    /// holder of its own Lease renews it.
+    pub fn stands_by_for_live_holder(&self, own: Option<&crate::leader::Status>) -> bool {
+        match self.state() {
+            State::Blocked { .. } => true,
+            State::Standby => {
+                own.is_some_and(|s| s.live_holder(tokio::time::Instant::now()).is_some())
+            }
+            _ => false,
+        }
+    }
+
     /// What the cross-namespace Lease guard says now (`None` without leader election or before
     /// the driver is ready).
     pub fn lease_guard_view(&self) -> Option<lease_guard::View> {
@@ -447,5 +461,50 @@ mod tests {
         // A leader is shown leading whatever the guard says (it steps down on its own).
         driver.set_state(State::Leading);
         assert_eq!(driver.state(), State::Leading);
+    }
+
+    /// What `attacher_hub_lease_held_by_other` says, which `AttacherHubLeaseLost` leaves out.
+    #[tokio::test(start_paused = true)]
+    async fn standing_by_for_a_live_holder_is_told_apart_from_a_lost_lease() {
+        let (driver, guard) = driver_with_guard(View {
+            verdict: Verdict::Clear,
+            renewing: None,
+        });
+        let lease = crate::names::lease_name("pd.csi.storage.gke.io");
+        let own = crate::leader::Status::new(&crate::leader::Config::new(
+            &lease,
+            "attacher-hub",
+            "hub-1",
+        ));
+        driver.set_state(State::Standby);
+        // Nobody known to renew the Lease: a loss.
+        assert!(!driver.stands_by_for_live_holder(None));
+        assert!(!driver.stands_by_for_live_holder(Some(&own)));
+        // The Go sidecar holds the same Lease and renews it (step 3 of a migration).
+        {
+            let mut inner = own.lock();
+            inner.holder = Some("csi-gce-pd-controller-0".into());
+            inner.changed = Some(tokio::time::Instant::now());
+        }
+        assert!(driver.stands_by_for_live_holder(Some(&own)));
+        // It stopped renewing a lease duration ago: a loss again.
+        tokio::time::advance(crate::leader::DEFAULT_LEASE_DURATION).await;
+        assert!(!driver.stands_by_for_live_holder(Some(&own)));
+        // The guard blocks for a Lease renewed in another namespace.
+        guard.send_replace(View {
+            verdict: Verdict::Blocked {
+                holder: Holder {
+                    namespace: "kube-system".into(),
+                    holder: "go-1".into(),
+                },
+            },
+            renewing: None,
+        });
+        assert!(driver.stands_by_for_live_holder(None));
+        // Leading, or not ready, is never standing by.
+        driver.set_state(State::Leading);
+        assert!(!driver.stands_by_for_live_holder(Some(&own)));
+        driver.set_state(State::NotReady);
+        assert!(!driver.stands_by_for_live_holder(None));
     }
 }

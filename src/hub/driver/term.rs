@@ -273,7 +273,7 @@ impl Driver {
         if let Some(task) = election_task {
             match task.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease failed"),
+                Ok(Err(e)) => tracing::warn!(error = %e.one_line(), "releasing the lease failed"),
                 Err(e) => tracing::warn!(error = %e, "leader election task failed"),
             }
         }
