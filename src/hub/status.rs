@@ -54,13 +54,16 @@ impl http::Status for HubStatus {
         self.gauges.refresh(false);
     }
 
+    /// The drivers, then the discovered sockets that are not served.
     fn drivers(&self) -> serde_json::Value {
+        let unserved = self.hub.unserved.lock().clone();
         serde_json::Value::Array(
             self.hub
                 .registry
                 .slots()
                 .iter()
                 .map(|d| d.describe())
+                .chain(unserved.iter().map(|r| r.describe()))
                 .collect(),
         )
     }
