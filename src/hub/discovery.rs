@@ -149,6 +149,10 @@ pub(crate) struct Memory {
     registrations: HashMap<PathBuf, (FileId, Registration)>,
     /// Registration sockets found unusable (stale, or not answering), and since when.
     bad_registrations: HashMap<PathBuf, (Unserved, Timestamp)>,
+    /// (socket, driver name) of the drivers that dropped the connection when asked
+    /// ControllerGetCapabilities: never asked again while this process runs, whatever new
+    /// socket file a driver of that name makes at that path.
+    crashed: HashSet<(PathBuf, String)>,
 }
 
 /// A probed CSI socket.
@@ -255,17 +259,20 @@ impl Discovery {
                 Some((path, registered, file, c))
             })
             .collect();
+        let crashed = &memory.crashed;
         let outcomes = futures::future::join_all(checks.iter().map(|(path, _, _, c)| {
             let before = memory.sockets.get(path).map(|p| p.outcome.clone());
             async move {
                 match (c, before) {
-                    (Check::Keep, Some(before)) => before,
+                    (Check::Keep, Some(before)) => (before, false),
                     (Check::Connect, Some(before)) => match connect(path).await {
-                        Err(why @ Unserved::StaleSocket { .. }) => Outcome::Unserved(None, why),
-                        _ if matches!(before, Outcome::Serve(_)) => before,
-                        _ => probe(path).await,
+                        Err(why @ Unserved::StaleSocket { .. }) => {
+                            (Outcome::Unserved(None, why), false)
+                        }
+                        _ if matches!(before, Outcome::Serve(_)) => (before, false),
+                        _ => probe(path, crashed).await,
                     },
-                    _ => probe(path).await,
+                    _ => probe(path, crashed).await,
                 }
             }
         }))
@@ -273,7 +280,10 @@ impl Discovery {
 
         let mut serve = Vec::new();
         let mut seen = HashSet::new();
-        for ((path, registered, file, _), outcome) in checks.into_iter().zip(outcomes) {
+        for ((path, registered, file, _), (outcome, crashed)) in checks.into_iter().zip(outcomes) {
+            if let (true, Outcome::Unserved(Some(name), _)) = (crashed, &outcome) {
+                memory.crashed.insert((path.clone(), name.clone()));
+            }
             let outcome = match (outcome, registered) {
                 (Outcome::Serve(name), Some(registered)) if name != registered => {
                     Outcome::Unserved(
@@ -502,23 +512,38 @@ async fn connect(path: &Path) -> Result<(), Unserved> {
     }
 }
 
-/// Asks the socket at `path` who it is and whether it serves a controller.
-async fn probe(path: &Path) -> Outcome {
-    match tokio::time::timeout(PROBE_TIMEOUT, ask(path)).await {
+/// Asks the socket at `path` who it is and whether it serves a controller; `crashed`: the
+/// (socket, name) pairs not to ask for their controller service. Also says whether the driver
+/// dropped the connection when asked ControllerGetCapabilities.
+async fn probe(path: &Path, crashed: &HashSet<(PathBuf, String)>) -> (Outcome, bool) {
+    match tokio::time::timeout(PROBE_TIMEOUT, ask(path, crashed)).await {
         Ok(outcome) => outcome,
-        Err(_) => Outcome::Unserved(
-            None,
-            Unserved::Unreachable {
-                reason: format!(
-                    "the driver at {} did not answer GetPluginInfo and the capability calls within {PROBE_TIMEOUT:?}",
-                    path.display()
-                ),
-            },
+        Err(_) => (
+            Outcome::Unserved(
+                None,
+                Unserved::Unreachable {
+                    reason: format!(
+                        "the driver at {} did not answer GetPluginInfo and the capability calls within {PROBE_TIMEOUT:?}",
+                        path.display()
+                    ),
+                },
+            ),
+            false,
         ),
     }
 }
 
-async fn ask(path: &Path) -> Outcome {
+/// Why a driver that dropped the connection when asked ControllerGetCapabilities is not
+/// served.
+const CRASHED: &str = "offers the CONTROLLER_SERVICE plugin capability, but dropped the connection (its process ended?) when asked ControllerGetCapabilities, as the GCE PD driver's node plugin does (it registers a controller service without one, and the call dereferences it); not asked again while attacher-hub runs: a node plugin";
+
+async fn ask(path: &Path, crashed: &HashSet<(PathBuf, String)>) -> (Outcome, bool) {
+    let outcome = ask_once(path, crashed).await;
+    let dropped = matches!(&outcome, Outcome::Unserved(_, Unserved::NoControllerService { reason }) if reason == CRASHED);
+    (outcome, dropped)
+}
+
+async fn ask_once(path: &Path, crashed: &HashSet<(PathBuf, String)>) -> Outcome {
     let unreachable = |name: Option<String>, reason: String| {
         Outcome::Unserved(name, Unserved::Unreachable { reason })
     };
@@ -558,8 +583,18 @@ async fn ask(path: &Path) -> Outcome {
             });
         }
     }
+    if crashed.contains(&(path.to_path_buf(), name.clone())) {
+        return named(Unserved::NoControllerService {
+            reason: CRASHED.into(),
+        });
+    }
+    let losses = connection.losses();
     match client.controller_capabilities(INFO_TIMEOUT).await {
         Ok(_) => Outcome::Serve(name),
+        // The connection ended under the call: the driver's process most likely died of it.
+        Err(_) if *losses.borrow() > 0 => named(Unserved::NoControllerService {
+            reason: CRASHED.into(),
+        }),
         Err(e) if e.code() == tonic::Code::Unimplemented => named(Unserved::NoControllerService {
             reason: format!(
                 "offers the CONTROLLER_SERVICE plugin capability but does not serve it (ControllerGetCapabilities: {e}): a node plugin"
