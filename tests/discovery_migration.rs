@@ -64,9 +64,7 @@ async fn leases_of(client: &Client, driver: &str) -> Vec<(String, String)> {
         .map(|l| {
             (
                 l.metadata.namespace.unwrap_or_default(),
-                l.spec
-                    .and_then(|s| s.holder_identity)
-                    .unwrap_or_default(),
+                l.spec.and_then(|s| s.holder_identity).unwrap_or_default(),
             )
         })
         .collect()
@@ -230,7 +228,8 @@ async fn a_discovery_hub_takes_over_the_sidecars_lease_in_the_vendor_namespace_a
     // here a link to the mock's socket directory.
     let exports = dir.path().join("controllers");
     std::fs::create_dir(&exports).expect("the export directory");
-    let export = exports.join(&driver);
+    // (A short name: a socket's path must fit in 108 bytes.)
+    let export = exports.join("pd");
     std::os::unix::fs::symlink(
         mock.socket().parent().expect("the socket's directory"),
         &export,
@@ -248,11 +247,15 @@ async fn a_discovery_hub_takes_over_the_sidecars_lease_in_the_vendor_namespace_a
         &[("POD_NAMESPACE", hub_ns.as_str())],
     );
     hub_port.store(hub.port, Ordering::Relaxed);
-    let standby = eventually("the hub stands by behind the sidecar", WAIT_TIMEOUT, || async {
-        let d = hub.driver(&driver).await?;
-        (d["state"]["state"] == "standby" && d["leaseHolder"] == sidecar.identity.as_str())
-            .then_some(d)
-    })
+    let standby = eventually(
+        "the hub stands by behind the sidecar",
+        WAIT_TIMEOUT,
+        || async {
+            let d = hub.driver(&driver).await?;
+            (d["state"]["state"] == "standby" && d["leaseHolder"] == sidecar.identity.as_str())
+                .then_some(d)
+        },
+    )
     .await;
     eprintln!("discovery migration: the hub stands by: {standby}");
     assert_eq!(standby["leaseNamespace"], vendor.as_str());
@@ -300,9 +303,11 @@ async fn a_discovery_hub_takes_over_the_sidecars_lease_in_the_vendor_namespace_a
         (sidecar.leads(&driver).await == Some(true)).then_some(())
     })
     .await;
-    eventually("the hub no longer lists the driver", WAIT_TIMEOUT, || async {
-        hub.driver(&driver).await.is_none().then_some(())
-    })
+    eventually(
+        "the hub no longer lists the driver",
+        WAIT_TIMEOUT,
+        || async { hub.driver(&driver).await.is_none().then_some(()) },
+    )
     .await;
     // 3. Check.
     assert_eq!(
