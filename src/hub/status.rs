@@ -165,5 +165,15 @@ mod tests {
         hub.registry.remove_slot(&driver);
         status.refresh_metrics();
         assert_eq!(up_series(), []);
+        // A node plugin is recorded, not served: neither up nor down.
+        let node = Driver::named(
+            defaults.settings_for("/n.sock".parse().expect("a path")),
+            Origin::Discovered,
+            "node.csi.io",
+        );
+        node.set_state_for_test(crate::hub::driver::State::NoControllerService);
+        hub.registry.add_slot(node);
+        status.refresh_metrics();
+        assert_eq!(up_series(), []);
     }
 }
