@@ -98,12 +98,13 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
     } else {
         None
     };
-    let (drivers, api_cap, source) = match config {
+    let (drivers, discovered, api_cap, source) = match config {
         // Hub mode: the file is read and checked before anything else starts.
         Some(path) => {
             let with_discovery = discovery.is_some();
             let config::Config {
                 drivers,
+                discovered,
                 hub_api_cap,
             } = config::load(&path, &defaults, with_discovery)?;
             let d = defaults.clone();
@@ -112,6 +113,7 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
             });
             (
                 drivers,
+                discovered,
                 hub_api_cap,
                 hub::Source::File {
                     path,
@@ -121,9 +123,15 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
             )
         }
         None => match discovery {
-            Some(d) => (Vec::new(), defaults.hub_api_cap(), hub::Source::Discover(d)),
+            Some(d) => (
+                Vec::new(),
+                Vec::new(),
+                defaults.hub_api_cap(),
+                hub::Source::Discover(d),
+            ),
             None => (
                 vec![defaults.settings_for(csi_address.parse::<Address>()?)],
+                Vec::new(),
                 defaults.hub_api_cap(),
                 hub::Source::Fixed,
             ),
@@ -161,6 +169,7 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
         resync,
         http,
         drivers,
+        discovered,
         source,
         balance,
         max_grpc_log_length,

@@ -387,7 +387,7 @@ pub(super) static FLAGS: &[Flag] = &[
         name: "config",
         kind: Kind::Value("string"),
         default: "",
-        help: "Hub mode: path of the drivers.yaml that lists the drivers to serve.",
+        help: "Hub mode: path of the drivers.yaml that lists the drivers to serve. With discovery, its entries without an address give settings to the discovered drivers of their names.",
         set: |s, v| {
             s.args.config = non_empty(v).map(PathBuf::from);
             Ok(())

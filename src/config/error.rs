@@ -76,6 +76,16 @@ pub enum Problem {
     /// No `drivers`, or an empty list, without discovery.
     #[error("at least one driver is required")]
     NoDrivers,
+    /// An entry with neither `address` nor `name`.
+    #[error(
+        "missing field `address`: write the driver's socket, or (with --driver-sockets or --kubelet-registration-dir) only its `name` to give settings to the discovered driver of that name"
+    )]
+    NoAddressNorName,
+    /// An entry with `name` but no `address`, without discovery to find the socket.
+    #[error(
+        "missing field `address`: an entry without an address gives settings to a discovered driver, which needs --driver-sockets or --kubelet-registration-dir"
+    )]
+    NameWithoutDiscovery,
     /// Not a Unix socket address with an absolute path.
     #[error("invalid address {0:?}: must be unix:///absolute/path or /absolute/path")]
     Address(String),

@@ -18,13 +18,15 @@ pub struct File {
     pub hub_kube_api_burst: Option<i64>,
 }
 
-/// One entry of `drivers:`. Every field but `address` is optional; a missing field takes the
-/// value of the corresponding command-line flag.
+/// One entry of `drivers:`: a driver to serve at `address`, or (with discovery, and only `name`
+/// to identify it) the settings of the discovered driver that reports `name`. Every other field
+/// is optional; a missing field takes the value of the corresponding command-line flag.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct DriverEntry {
-    /// The driver socket: `unix:///path` or `/path` (absolute).
-    pub address: String,
+    /// The driver socket: `unix:///path` or `/path` (absolute). Without it, the entry gives its
+    /// settings to the discovered driver named `name`.
+    pub address: Option<String>,
     /// The name the driver must report in `GetPluginInfo`.
     pub name: Option<String>,
     /// `--timeout`, as a Go duration (`15s`).

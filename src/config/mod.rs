@@ -26,13 +26,15 @@ mod yaml;
 
 use std::path::Path;
 
+use crate::csi;
+
 pub use bounds::{MAX_DRIVERS, MAX_FILE_BYTES, MAX_HUB_WORKERS};
 pub use defaults::Defaults;
 pub use error::{Error, Invalid, Problem};
 pub use file::{
     DriverEntry, File, LeaderElection, LeaderElectionSettings, WorkerPools, WorkerThreads,
 };
-pub use settings::{Config, LeaderSettings, Settings};
+pub use settings::{Config, LeaderSettings, NamedSettings, Settings};
 
 use validate::check_unique;
 use yaml::Pos;
@@ -136,7 +138,17 @@ pub fn parse(text: &str, file_label: &str, defaults: &Defaults, discovery: bool)
     let place =
         |Invalid { field, problem }: Invalid| error(index.position(&field), Some(field), *problem);
     let config = file.validate(defaults, discovery).map_err(place)?;
-    check_unique(&config.drivers).map_err(|(mut bad, other)| {
+    // Every entry in file order, so that an index is the entry's place in the file.
+    let (mut addressed, mut named) = (config.drivers.iter(), config.discovered.iter());
+    let entries: Vec<(Option<&csi::Address>, &Settings)> = file
+        .drivers
+        .iter()
+        .filter_map(|entry| match entry.address {
+            Some(_) => addressed.next().map(|s| (Some(&s.address), s)),
+            None => named.next().map(|n| (None, n.settings())),
+        })
+        .collect();
+    check_unique(&entries).map_err(|(mut bad, other)| {
         let other_line = index.position(&format!("drivers[{other}]")).0;
         match bad.problem.as_mut() {
             Problem::DuplicateAddress { other_line: l, .. }
@@ -330,6 +342,80 @@ mod tests {
         assert!(got.drivers.is_empty());
     }
 
+    /// With discovery, an entry with a name and no address gives its settings to the discovered
+    /// driver of that name: its Lease namespace first of all (a sidecar's, when a hub in
+    /// discovery mode takes over from it).
+    #[test]
+    fn with_discovery_an_entry_without_address_gives_settings_to_a_driver_by_name() {
+        let mut args = Args::default();
+        args.leader_election.enabled = true;
+        let d = Defaults::with_identity(&args, "h".to_owned());
+        let text = "drivers:
+- name: pd.csi.storage.gke.io
+  timeout: 30s
+  leaderElection:
+    namespace: kube-system
+- address: /csi/nfs.sock
+  name: nfs.csi.example.com
+";
+        let c = parse(text, "drivers.yaml", &d, true).expect("valid with discovery");
+        assert_eq!(c.drivers.len(), 1);
+        assert_eq!(
+            c.drivers[0].expected_name.as_deref(),
+            Some("nfs.csi.example.com")
+        );
+        assert_eq!(c.discovered.len(), 1);
+        let pd = &c.discovered[0];
+        assert_eq!(pd.name(), "pd.csi.storage.gke.io");
+        let at: crate::csi::Address = "/plugins/pd/csi.sock".parse().expect("a path");
+        let s = pd.at(at.clone());
+        assert_eq!(s.address, at);
+        assert_eq!(s.expected_name.as_deref(), Some("pd.csi.storage.gke.io"));
+        assert_eq!(s.timeout, secs(30));
+        let le = s.leader_election.expect("leader election on");
+        assert_eq!(le.namespace, "kube-system");
+        // Only names: an empty list of drivers to serve is fine with discovery.
+        let c = parse("drivers:\n- name: a.io\n", "f", &d, true).expect("valid");
+        assert!(c.drivers.is_empty());
+
+        // One name twice, with or without an address, is refused.
+        let twice = "drivers:\n- name: a.io\n- address: /a\n  name: a.io\n";
+        assert_eq!(
+            parse(twice, "drivers.yaml", &d, true)
+                .expect_err("one name twice")
+                .to_string(),
+            "drivers.yaml:4:3: drivers[1].name: driver name \"a.io\" is already configured for drivers[0] (line 2)"
+        );
+        let alike = "drivers:\n- name: a.io\n- name: a-io\n";
+        assert!(
+            parse(alike, "drivers.yaml", &d, true)
+                .expect_err("one finalizer")
+                .to_string()
+                .starts_with(
+                    "drivers.yaml:3:3: drivers[1].name: driver names \"a-io\" and \"a.io\""
+                )
+        );
+        // Neither an address nor a name.
+        assert_eq!(
+            parse("drivers:\n- timeout: 5s\n", "drivers.yaml", &d, true)
+                .expect_err("nothing to identify the driver")
+                .to_string(),
+            "drivers.yaml:2:3: drivers[0]: missing field `address`: write the driver's socket, or (with --driver-sockets or --kubelet-registration-dir) only its `name` to give settings to the discovered driver of that name"
+        );
+        // Bad values are refused as in any entry.
+        assert_eq!(
+            parse(
+                "drivers:\n- name: a.io\n  leaderElection: {namespace: \"\"}\n",
+                "drivers.yaml",
+                &d,
+                true
+            )
+            .expect_err("empty namespace")
+            .to_string(),
+            "drivers.yaml:3:20: drivers[0].leaderElection.namespace: must not be empty"
+        );
+    }
+
     #[test]
     fn each_bad_input_is_refused_naming_file_line_and_field() {
         let cases: &[(&str, &str)] = &[
@@ -367,7 +453,11 @@ mod tests {
             ),
             (
                 "drivers:\n  - address: /a\n  - timeout: 5s\n",
-                "drivers.yaml:3:5: drivers[1]: missing field `address`",
+                "drivers.yaml:3:5: drivers[1]: missing field `address`: write the driver's socket, or (with --driver-sockets or --kubelet-registration-dir) only its `name` to give settings to the discovered driver of that name",
+            ),
+            (
+                "drivers:\n  - address: /a\n  - name: b.csi.io\n    leaderElection: {namespace: storage}\n",
+                "drivers.yaml:3:5: drivers[1]: missing field `address`: an entry without an address gives settings to a discovered driver, which needs --driver-sockets or --kubelet-registration-dir",
             ),
             (
                 "drivers:\n  - address: csi.sock\n",

@@ -67,11 +67,49 @@ pub struct Settings {
     pub drain_timeout: Duration,
 }
 
+/// The settings an entry without `address` gives to the discovered driver that reports its
+/// `name` (discovery mode with `--config`): applied by [`NamedSettings::at`] to whatever socket
+/// that driver is found at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamedSettings {
+    /// The entry's settings; their `address` is a placeholder that [`NamedSettings::at`]
+    /// replaces, and `expected_name` is the entry's `name`.
+    settings: Settings,
+}
+
+impl NamedSettings {
+    /// Settings validated from an entry with `name` and no address (`settings.address` is a
+    /// placeholder).
+    pub(crate) fn new(settings: Settings) -> Self {
+        Self { settings }
+    }
+
+    /// The driver name these settings are for.
+    pub fn name(&self) -> &str {
+        self.settings.expected_name.as_deref().unwrap_or_default()
+    }
+
+    /// The settings, with their placeholder address.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The settings of this driver found at `address`.
+    pub fn at(&self, address: Address) -> Settings {
+        Settings {
+            address,
+            ..self.settings.clone()
+        }
+    }
+}
+
 /// What a driver file configures, with the flags' defaults applied.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// One entry per driver, in file order.
+    /// One entry per driver to serve at its address, in file order.
     pub drivers: Vec<Settings>,
+    /// The entries without an address: settings for discovered drivers by name, in file order.
+    pub discovered: Vec<NamedSettings>,
     /// The process-wide API cap ([`Limit::Unlimited`]: none).
     pub hub_api_cap: Limit,
 }

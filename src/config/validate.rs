@@ -8,7 +8,7 @@ use super::bounds::{MAX_DRIVERS, MAX_HUB_WORKERS};
 use super::defaults::Defaults;
 use super::error::{Invalid, Problem};
 use super::file::{DriverEntry, File, LeaderElection, LeaderElectionSettings, WorkerThreads};
-use super::settings::{Config, LeaderSettings, Settings};
+use super::settings::{Config, LeaderSettings, NamedSettings, Settings};
 use crate::cli::{self, GoDuration};
 use crate::csi::Address;
 use crate::k8s::budget::Limit;
@@ -28,14 +28,18 @@ impl File {
                 Problem::TooManyDrivers { max: MAX_DRIVERS },
             ));
         }
-        let drivers: Vec<Settings> = self
+        let entries: Vec<(bool, Settings)> = self
             .drivers
             .iter()
             .enumerate()
-            .map(|(i, entry)| entry.validate(&format!("drivers[{i}]"), defaults))
+            .map(|(i, entry)| {
+                let at = format!("drivers[{i}]");
+                let settings = entry.validate(&at, defaults, discovery)?;
+                Ok((entry.address.is_some(), settings))
+            })
             .collect::<Result<_, _>>()?;
         let mut total: u64 = 0;
-        for (i, d) in drivers.iter().enumerate() {
+        for (i, (_, d)) in entries.iter().enumerate() {
             // Each count is at most `cli::MAX_WORKERS`: no overflow.
             total += 2 * d.attach_workers as u64 + d.detach_workers as u64;
             if total > MAX_HUB_WORKERS {
@@ -48,8 +52,20 @@ impl File {
                 ));
             }
         }
+        let (drivers, discovered) = entries.into_iter().fold(
+            (Vec::new(), Vec::new()),
+            |(mut drivers, mut discovered), (addressed, settings)| {
+                if addressed {
+                    drivers.push(settings);
+                } else {
+                    discovered.push(NamedSettings::new(settings));
+                }
+                (drivers, discovered)
+            },
+        );
         Ok(Config {
             drivers,
+            discovered,
             hub_api_cap: self.hub_api_cap(defaults)?,
         })
     }
@@ -121,15 +137,34 @@ fn qps_at_most_max(field: &str, qps: f64) -> Result<f64, Invalid> {
     }
 }
 
+/// The address of the settings of an entry without one (never used: [`NamedSettings::at`]
+/// replaces it with the address the driver is discovered at).
+const NO_ADDRESS: &str = "/-";
+
 impl DriverEntry {
-    fn validate(&self, at: &str, defaults: &Defaults) -> Result<Settings, Invalid> {
+    /// The entry's settings. An entry without `address` needs `name` and `discovery`; its
+    /// settings get a placeholder address.
+    fn validate(
+        &self,
+        at: &str,
+        defaults: &Defaults,
+        discovery: bool,
+    ) -> Result<Settings, Invalid> {
         let field = |name: &str| format!("{at}.{name}");
-        let address = self
-            .address
-            .parse::<Address>()
-            .ok()
-            .filter(|a| a.path().is_absolute())
-            .ok_or_else(|| invalid(field("address"), Problem::Address(self.address.clone())))?;
+        let address = match &self.address {
+            Some(address) => address
+                .parse::<Address>()
+                .ok()
+                .filter(|a| a.path().is_absolute())
+                .ok_or_else(|| invalid(field("address"), Problem::Address(address.clone())))?,
+            None if self.name.is_none() => {
+                return Err(invalid(at, Problem::NoAddressNorName));
+            }
+            None if !discovery => return Err(invalid(at, Problem::NameWithoutDiscovery)),
+            None => NO_ADDRESS
+                .parse::<Address>()
+                .map_err(|_| invalid(at, Problem::Address(NO_ADDRESS.into())))?,
+        };
         let mut s = defaults.settings_for(address);
         if let Some(name) = &self.name {
             if name.is_empty() {
@@ -321,20 +356,25 @@ fn leader_election(
     Ok(Some(settings))
 }
 
-/// Refuses two entries for one socket, one name, or two names that share a finalizer.
-pub(crate) fn check_unique(settings: &[Settings]) -> Result<(), (Invalid, usize)> {
+/// Refuses two entries for one socket, one name, or two names that share a finalizer. Each
+/// entry is its address (`None`: an entry for a discovered driver) and its settings.
+pub(crate) fn check_unique(
+    entries: &[(Option<&Address>, &Settings)],
+) -> Result<(), (Invalid, usize)> {
     let mut addresses: HashMap<&Address, usize> = HashMap::new();
     let mut names: HashMap<String, (usize, &str)> = HashMap::new();
-    for (i, s) in settings.iter().enumerate() {
-        if let Some(&other) = addresses.get(&s.address) {
-            let problem = Problem::DuplicateAddress {
-                address: s.address.clone(),
-                other: format!("drivers[{other}]"),
-                other_line: 0,
-            };
-            return Err((invalid(format!("drivers[{i}].address"), problem), other));
+    for (i, (address, s)) in entries.iter().enumerate() {
+        if let Some(address) = address {
+            if let Some(&other) = addresses.get(address) {
+                let problem = Problem::DuplicateAddress {
+                    address: (*address).clone(),
+                    other: format!("drivers[{other}]"),
+                    other_line: 0,
+                };
+                return Err((invalid(format!("drivers[{i}].address"), problem), other));
+            }
+            addresses.insert(address, i);
         }
-        addresses.insert(&s.address, i);
         let Some(name) = s.expected_name.as_deref() else {
             continue;
         };

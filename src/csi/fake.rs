@@ -166,6 +166,26 @@ impl FakeCsi {
         DriverClient::from_channel(channel, CallMetrics::new(ops))
     }
 
+    /// Serves this driver on the Unix socket `path` until the handle is dropped: its identity
+    /// service, and its controller service unless `controller` is false, as a node plugin
+    /// built from one binary for both roles does (the GCE PD driver with
+    /// `--run-controller-service=false`): it offers the controller service and does not serve
+    /// it.
+    pub(crate) fn serve_unix(
+        &self,
+        path: &std::path::Path,
+        controller: bool,
+    ) -> tokio_util::task::AbortOnDropHandle<()> {
+        let listener = tokio::net::UnixListener::bind(path).expect("bind the fake's socket");
+        let server = Server::builder()
+            .add_service(IdentityServer::new(self.clone()))
+            .add_optional_service(controller.then(|| ControllerServer::new(self.clone())))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener));
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+            let _ = server.await;
+        }))
+    }
+
     fn record(&self, call: Call) {
         self.0.lock().calls.push(call);
     }

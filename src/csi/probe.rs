@@ -113,17 +113,23 @@ pub async fn plugin_name(client: &DriverClient) -> Result<String, Error> {
     Ok(info.name)
 }
 
+/// Whether GetPluginCapabilities' answer offers the CONTROLLER_SERVICE plugin capability.
+pub fn offers_controller_service(capabilities: &[super::proto::PluginCapability]) -> bool {
+    capabilities.iter().any(|c| {
+        matches!(&c.r#type, Some(plugin_capability::Type::Service(s))
+            if s.r#type() == plugin_capability::service::Type::ControllerService)
+    })
+}
+
 /// GetPluginCapabilities and, when the controller service is offered,
 /// ControllerGetCapabilities.
 pub async fn capabilities(client: &DriverClient) -> Result<Capabilities, CallError> {
-    let mut caps = Capabilities::default();
-    for c in client.plugin_capabilities(INFO_TIMEOUT).await? {
-        if let Some(plugin_capability::Type::Service(s)) = c.r#type
-            && s.r#type() == plugin_capability::service::Type::ControllerService
-        {
-            caps.controller_service = true;
-        }
-    }
+    let mut caps = Capabilities {
+        controller_service: offers_controller_service(
+            &client.plugin_capabilities(INFO_TIMEOUT).await?,
+        ),
+        ..Capabilities::default()
+    };
     if !caps.controller_service {
         return Ok(caps);
     }

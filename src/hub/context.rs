@@ -19,6 +19,9 @@ pub struct Context {
     /// Cancelled once the supervisor has started the first set of drivers: leadership
     /// balancing waits for it, so its first share counts every configured driver.
     pub first_reconcile: CancellationToken,
+    /// The discovered sockets that are not served (stale, node plugins, unreachable), as the
+    /// last scan found them: shown in `/drivers` after the drivers.
+    pub unserved: parking_lot::Mutex<Vec<super::discovery::Record>>,
 }
 
 #[cfg(test)]
@@ -56,6 +59,7 @@ pub(crate) mod tests {
             shared,
             registry,
             first_reconcile: CancellationToken::new(),
+            unserved: parking_lot::Mutex::default(),
             config: crate::hub::reload::ConfigStatus::new(
                 None,
                 crate::metrics::config::ConfigMetrics::register(&metrics).expect("fresh registry"),

@@ -1,13 +1,46 @@
 //! [`Discovery`]: driver sockets found by a glob (`--driver-sockets`) and through the kubelet's
 //! plugin registration directory (`--kubelet-registration-dir`).
+//!
+//! Every socket found is asked who it is before it is served: a connection, GetPluginInfo,
+//! GetPluginCapabilities and ControllerGetCapabilities, once per socket file (a driver that
+//! starts again makes a new file). Only a driver that answers all of them with a controller
+//! service is served, under the name it reported (so that an entry of `drivers.yaml` for that
+//! name gives it its settings, its Lease namespace among them, before it ever touches its
+//! Lease). The others are recorded, not served: nothing is written to the API server for them,
+//! and they show in `/drivers` with the reason:
+//!
+//! - a *stale socket*: the file exists but nothing listens on it (connecting is refused), as a
+//!   driver that exited without removing its socket leaves it; served as soon as a driver
+//!   listens there again (a refused connection costs nothing, so it is tried at every scan);
+//! - *no controller service*: a node plugin. Either it does not offer the CONTROLLER_SERVICE
+//!   plugin capability, or it offers it but answers ControllerGetCapabilities with
+//!   `Unimplemented`, as node plugins built from one binary for both roles do (the GCE PD
+//!   driver's identity service always offers it, and its node-only deployment registers no
+//!   controller service);
+//! - *unreachable*: any other failure (the socket may not be opened by this process, the driver
+//!   does not answer); asked again at every scan.
+//!
+//! A served socket whose driver lost its connection is checked again at every scan: when its
+//! socket has gone stale, its driver is stopped and the socket recorded as stale.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     sync::Arc,
+    time::Duration,
 };
 
-use crate::{config::Settings, csi::Address};
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use crate::{
+    config::Settings,
+    csi::{self, Address, CallMetrics, Connection, DriverClient, probe::INFO_TIMEOUT},
+};
+
+/// Longest a probe of one socket may take (a connection and four calls of at most
+/// [`INFO_TIMEOUT`] each, against a driver that accepts the connection but never answers).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Discovery of driver sockets: by a glob, and/or through the kubelet's
 /// plugin registration directory.
@@ -32,9 +65,278 @@ impl std::fmt::Debug for Discovery {
     }
 }
 
+/// A discovered socket to serve, and the driver that answered there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// The driver's socket.
+    pub(crate) address: Address,
+    /// The name it reported (and registered, if found through the registration directory).
+    pub(crate) name: String,
+}
+
+/// Why a discovered socket is not served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum Unserved {
+    /// The file exists, but nothing listens on it.
+    StaleSocket {
+        /// What it means, and what happens next.
+        reason: String,
+    },
+    /// A node plugin: no controller service to act for.
+    NoControllerService {
+        /// What the driver answered.
+        reason: String,
+    },
+    /// The socket could not be asked who it is.
+    Unreachable {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Unserved {
+    fn reason(&self) -> &str {
+        match self {
+            Self::StaleSocket { reason }
+            | Self::NoControllerService { reason }
+            | Self::Unreachable { reason } => reason,
+        }
+    }
+}
+
+/// A discovered socket that is not served, as `/drivers` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The socket (a driver's, or a registration socket).
+    pub socket: Address,
+    /// The driver name, when it told it.
+    pub name: Option<String>,
+    /// Why it is not served.
+    pub why: Unserved,
+    /// Since when it has been so.
+    pub since: Timestamp,
+}
+
+impl Record {
+    /// The `/drivers` entry: the fields of a driver's entry that apply.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "socket": self.socket.to_string(),
+            "name": self.name,
+            "state": self.why,
+            "discovered": true,
+            "since": self.since.to_string(),
+        })
+    }
+}
+
+/// What a scan found.
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    /// The sockets to serve, by path.
+    pub(crate) serve: Vec<Found>,
+    /// The sockets found but not served, by path.
+    pub(crate) unserved: Vec<Record>,
+}
+
+/// What discovery remembers between scans, so that a socket file is asked who it is once.
+#[derive(Debug, Default)]
+pub(crate) struct Memory {
+    /// CSI sockets: the file probed, and what it answered.
+    sockets: HashMap<PathBuf, Probed>,
+    /// Registration sockets: the file read, and what it registered.
+    registrations: HashMap<PathBuf, (FileId, Registration)>,
+    /// Registration sockets found unusable (stale, or not answering), and since when.
+    bad_registrations: HashMap<PathBuf, (Unserved, Timestamp)>,
+    /// (socket, driver name) of the drivers that dropped the connection when asked
+    /// ControllerGetCapabilities: never asked again while this process runs, whatever new
+    /// socket file a driver of that name makes at that path.
+    crashed: HashSet<(PathBuf, String)>,
+}
+
+/// A probed CSI socket.
+#[derive(Clone, Debug)]
+struct Probed {
+    file: FileId,
+    outcome: Outcome,
+    since: Timestamp,
+}
+
+/// What a socket answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// A controller plugin of this name.
+    Serve(String),
+    /// Not served (the name, if it told it).
+    Unserved(Option<String>, Unserved),
+}
+
+/// What a registration socket registered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Registration {
+    /// A CSI plugin: its name and socket.
+    Csi { name: String, endpoint: PathBuf },
+    /// Another kind of plugin (a device plugin): ignored.
+    Other,
+    /// A CSI plugin whose endpoint is not a Unix socket path.
+    BadEndpoint(String),
+}
+
+/// Which file a path is, so that a new socket at the same path (a driver started again) is
+/// asked anew: device, inode and change time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileId(u64, u64, i64, i64);
+
+impl FileId {
+    /// The file at `path` (following links), if it is a socket.
+    fn of_socket(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let m = std::fs::metadata(path).ok()?;
+        m.file_type()
+            .is_socket()
+            .then(|| Self(m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+    }
+}
+
+/// What probing a socket file does at this scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Check {
+    /// Keep what it answered before.
+    Keep,
+    /// Connect only: refused means stale; otherwise keep what it answered before, or (after a
+    /// stale answer) probe it.
+    Connect,
+    /// Ask it who it is.
+    Probe,
+}
+
+/// How a socket known from an earlier scan is checked now. `reconnecting`: its driver is
+/// served and has lost its connection.
+fn check(before: Option<&Probed>, file: FileId, reconnecting: bool) -> Check {
+    let Some(before) = before.filter(|b| b.file == file) else {
+        return Check::Probe;
+    };
+    match &before.outcome {
+        Outcome::Serve(_) if reconnecting => Check::Connect,
+        Outcome::Serve(_) | Outcome::Unserved(_, Unserved::NoControllerService { .. }) => {
+            Check::Keep
+        }
+        Outcome::Unserved(_, Unserved::StaleSocket { .. }) => Check::Connect,
+        Outcome::Unserved(_, Unserved::Unreachable { .. }) => Check::Probe,
+    }
+}
+
 impl Discovery {
-    /// The sockets matching the glob now, as driver settings.
-    fn scan_glob(&self) -> Vec<Settings> {
+    /// Everything discovered now, each socket sorted by path. `reconnecting`: the served
+    /// discovered sockets whose driver is trying to connect again (checked for staleness).
+    pub(crate) async fn scan(&self, memory: &mut Memory, reconnecting: &HashSet<PathBuf>) -> Scan {
+        let mut unserved = Vec::new();
+        // Socket -> the name it registered, if found through the registration directory.
+        let mut candidates: Vec<(PathBuf, Option<String>)> = Vec::new();
+        for (endpoint, name) in self.scan_registrations(memory, &mut unserved).await {
+            if !candidates.iter().any(|(p, _)| *p == endpoint) {
+                candidates.push((endpoint, Some(name)));
+            }
+        }
+        for path in self.scan_glob() {
+            if !candidates.iter().any(|(p, _)| *p == path) {
+                candidates.push((path, None));
+            }
+        }
+
+        // Probe what needs it, all at once (a driver that does not answer delays the others
+        // by at most `PROBE_TIMEOUT`).
+        let checks: Vec<(PathBuf, Option<String>, FileId, Check)> = candidates
+            .into_iter()
+            .filter_map(|(path, registered)| {
+                let file = FileId::of_socket(&path)?;
+                let c = check(
+                    memory.sockets.get(&path),
+                    file,
+                    reconnecting.contains(&path),
+                );
+                Some((path, registered, file, c))
+            })
+            .collect();
+        let crashed = &memory.crashed;
+        let outcomes = futures::future::join_all(checks.iter().map(|(path, _, _, c)| {
+            let before = memory.sockets.get(path).map(|p| p.outcome.clone());
+            async move {
+                match (c, before) {
+                    (Check::Keep, Some(before)) => (before, false),
+                    (Check::Connect, Some(before)) => match connect(path).await {
+                        Err(why @ Unserved::StaleSocket { .. }) => {
+                            (Outcome::Unserved(None, why), false)
+                        }
+                        _ if matches!(before, Outcome::Serve(_)) => (before, false),
+                        _ => probe(path, crashed).await,
+                    },
+                    _ => probe(path, crashed).await,
+                }
+            }
+        }))
+        .await;
+
+        let mut serve = Vec::new();
+        let mut seen = HashSet::new();
+        for ((path, registered, file, _), (outcome, crashed)) in checks.into_iter().zip(outcomes) {
+            if let (true, Outcome::Unserved(Some(name), _)) = (crashed, &outcome) {
+                memory.crashed.insert((path.clone(), name.clone()));
+            }
+            let outcome = match (outcome, registered) {
+                (Outcome::Serve(name), Some(registered)) if name != registered => {
+                    Outcome::Unserved(
+                        Some(name.clone()),
+                        Unserved::Unreachable {
+                            reason: format!(
+                                "registered with the kubelet as {registered:?}, but the driver at this socket reports {name:?}"
+                            ),
+                        },
+                    )
+                }
+                (outcome, _) => outcome,
+            };
+            let Ok(address) = path.to_string_lossy().parse::<Address>() else {
+                continue;
+            };
+            let since = match memory.sockets.get(&path) {
+                Some(before) if before.outcome == outcome => before.since,
+                _ => {
+                    log_outcome(&address, &outcome);
+                    Timestamp::now()
+                }
+            };
+            match &outcome {
+                Outcome::Serve(name) => serve.push(Found {
+                    address,
+                    name: name.clone(),
+                }),
+                Outcome::Unserved(name, why) => unserved.push(Record {
+                    socket: address,
+                    name: name.clone(),
+                    why: why.clone(),
+                    since,
+                }),
+            }
+            seen.insert(path.clone());
+            memory.sockets.insert(
+                path,
+                Probed {
+                    file,
+                    outcome,
+                    since,
+                },
+            );
+        }
+        memory.sockets.retain(|path, _| seen.contains(path));
+        serve.sort_by(|a, b| a.address.path().cmp(b.address.path()));
+        unserved.sort_by(|a, b| a.socket.path().cmp(b.socket.path()));
+        Scan { serve, unserved }
+    }
+
+    /// The sockets matching the glob now.
+    fn scan_glob(&self) -> Vec<PathBuf> {
         let Some(pattern) = &self.pattern else {
             return Vec::new();
         };
@@ -47,86 +349,413 @@ impl Discovery {
         };
         paths
             .filter_map(Result::ok)
-            .filter(|p| is_socket(p))
-            .filter_map(|p| p.to_str().and_then(|s| s.parse::<Address>().ok()))
-            .map(|a| (self.settings_for)(a))
+            .filter(|p| FileId::of_socket(p).is_some())
             .collect()
     }
 
-    /// The CSI plugins registered in the registration directory now.
+    /// The CSI plugins registered in the registration directory now: (socket, name). The
+    /// registration sockets that cannot be read go to `unserved`.
     async fn scan_registrations(
         &self,
-        known: &mut HashMap<PathBuf, Option<Settings>>,
-    ) -> Vec<Settings> {
+        memory: &mut Memory,
+        unserved: &mut Vec<Record>,
+    ) -> Vec<(PathBuf, String)> {
         let Some(dir) = &self.registration_dir else {
             return Vec::new();
         };
-        let sockets: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        let sockets: Vec<(PathBuf, FileId)> = match std::fs::read_dir(dir) {
             Ok(entries) => entries
                 .filter_map(Result::ok)
                 .map(|e| e.path())
-                .filter(|p| is_socket(p))
+                .filter_map(|p| FileId::of_socket(&p).map(|f| (p, f)))
                 .collect(),
             Err(error) => {
                 tracing::debug!(dir = %dir.display(), %error, "cannot read the plugin registration directory");
                 Vec::new()
             }
         };
-        known.retain(|path, _| sockets.contains(path));
+        memory
+            .registrations
+            .retain(|path, (file, _)| sockets.contains(&(path.clone(), *file)));
+        memory
+            .bad_registrations
+            .retain(|path, _| sockets.iter().any(|(p, _)| p == path));
         let mut found = Vec::new();
-        for socket in sockets {
-            if let Some(known) = known.get(&socket) {
-                found.extend(known.clone());
-                continue;
-            }
-            let settings = match crate::csi::registration::plugin_info(&socket).await {
-                Ok(info) if info.r#type == crate::csi::registration::CSI_PLUGIN_TYPE => {
-                    match info.endpoint.parse::<Address>() {
-                        Ok(address) => {
-                            tracing::info!(registration = %socket.display(), driver = %info.name, endpoint = %info.endpoint, "found a registered CSI plugin");
-                            let mut s = (self.settings_for)(address);
-                            s.expected_name = Some(info.name).filter(|n| !n.is_empty());
-                            Some(s)
+        for (socket, file) in sockets {
+            let registration = match memory.registrations.get(&socket) {
+                Some((_, r)) => r.clone(),
+                None => match read_registration(&socket).await {
+                    Ok(r) => {
+                        if memory.bad_registrations.remove(&socket).is_some() {
+                            tracing::info!(registration = %socket.display(), "the registration socket answers again");
                         }
-                        Err(error) => {
-                            tracing::warn!(registration = %socket.display(), %error, "registered CSI plugin has an unusable endpoint");
-                            None
+                        memory
+                            .registrations
+                            .insert(socket.clone(), (file, r.clone()));
+                        r
+                    }
+                    Err(why) => {
+                        // Not remembered as read: asked again at the next scan.
+                        let since = match memory.bad_registrations.get(&socket) {
+                            Some((before, since)) if *before == why => *since,
+                            _ => {
+                                tracing::info!(registration = %socket.display(), reason = %why.reason(), "a plugin registration socket is not served");
+                                let now = Timestamp::now();
+                                memory
+                                    .bad_registrations
+                                    .insert(socket.clone(), (why.clone(), now));
+                                now
+                            }
+                        };
+                        if let Ok(address) = socket.to_string_lossy().parse::<Address>() {
+                            unserved.push(Record {
+                                socket: address,
+                                name: None,
+                                why,
+                                since,
+                            });
                         }
+                        continue;
+                    }
+                },
+            };
+            match registration {
+                Registration::Csi { name, endpoint } => found.push((endpoint, name)),
+                Registration::Other => {}
+                Registration::BadEndpoint(reason) => {
+                    if let Ok(address) = socket.to_string_lossy().parse::<Address>() {
+                        unserved.push(Record {
+                            socket: address,
+                            name: None,
+                            why: Unserved::Unreachable { reason },
+                            since: Timestamp::now(),
+                        });
                     }
                 }
-                Ok(info) => {
-                    tracing::debug!(registration = %socket.display(), kind = %info.r#type, "not a CSI plugin");
-                    None
-                }
-                Err(error) => {
-                    // Not cached: asked again on the next scan.
-                    tracing::debug!(%error, "reading a plugin registration failed");
-                    continue;
-                }
-            };
-            found.extend(settings.clone());
-            known.insert(socket, settings);
-        }
-        found
-    }
-
-    /// Everything discovered now, sorted by socket, without duplicates.
-    pub(crate) async fn scan(
-        &self,
-        known: &mut HashMap<PathBuf, Option<Settings>>,
-    ) -> Vec<Settings> {
-        let mut found = self.scan_registrations(known).await;
-        for s in self.scan_glob() {
-            if !found.iter().any(|f| f.address == s.address) {
-                found.push(s);
             }
         }
-        found.sort_by(|a, b| a.address.path().cmp(b.address.path()));
         found
     }
 }
 
-fn is_socket(path: &Path) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+/// Reads a registration socket: refused when stale, as a driver's socket.
+async fn read_registration(socket: &Path) -> Result<Registration, Unserved> {
+    connect(socket).await?;
+    let info = crate::csi::registration::plugin_info(socket)
+        .await
+        .map_err(|e| Unserved::Unreachable {
+            reason: format!("reading the plugin registration failed: {e}"),
+        })?;
+    if info.r#type != crate::csi::registration::CSI_PLUGIN_TYPE {
+        tracing::debug!(registration = %socket.display(), kind = %info.r#type, "not a CSI plugin");
+        return Ok(Registration::Other);
+    }
+    match info.endpoint.parse::<Address>() {
+        Ok(address) => {
+            tracing::info!(registration = %socket.display(), driver = %info.name, endpoint = %info.endpoint, "found a registered CSI plugin");
+            Ok(Registration::Csi {
+                name: info.name,
+                endpoint: address.path().to_path_buf(),
+            })
+        }
+        Err(error) => {
+            let reason = format!(
+                "the CSI plugin {:?} registered an unusable endpoint: {error}",
+                info.name
+            );
+            tracing::warn!(registration = %socket.display(), %reason, "registered CSI plugin not served");
+            Ok(Registration::BadEndpoint(reason))
+        }
+    }
+}
+
+/// Logs what a socket answered, when that changed.
+fn log_outcome(socket: &Address, outcome: &Outcome) {
+    match outcome {
+        Outcome::Serve(name) => {
+            tracing::info!(%socket, driver = %name, "found a driver socket");
+        }
+        Outcome::Unserved(name, why) => {
+            let name = name.as_deref().unwrap_or("-");
+            match why {
+                Unserved::StaleSocket { reason } => {
+                    tracing::info!(%socket, %reason, "stale socket: not served")
+                }
+                Unserved::NoControllerService { reason } => {
+                    tracing::info!(%socket, driver = %name, %reason, "no controller service: recorded, not served")
+                }
+                Unserved::Unreachable { reason } => {
+                    tracing::warn!(%socket, driver = %name, %reason, "discovered socket not served")
+                }
+            }
+        }
+    }
+}
+
+/// Connects to `path` and hangs up: refused is a stale socket; any other failure is
+/// unreachable.
+async fn connect(path: &Path) -> Result<(), Unserved> {
+    match tokio::net::UnixStream::connect(path).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(Unserved::StaleSocket {
+            reason: format!(
+                "nothing listens on {} (connection refused): a socket file left by a driver that exited without removing it; served again once a driver listens on it",
+                path.display()
+            ),
+        }),
+        Err(e) => Err(Unserved::Unreachable {
+            reason: match path.to_string_lossy().parse::<Address>() {
+                Ok(address) => csi::connection::connect_failure(&address, &e),
+                Err(_) => format!("cannot connect to {}: {e}", path.display()),
+            },
+        }),
+    }
+}
+
+/// Asks the socket at `path` who it is and whether it serves a controller; `crashed`: the
+/// (socket, name) pairs not to ask for their controller service. Also says whether the driver
+/// dropped the connection when asked ControllerGetCapabilities.
+async fn probe(path: &Path, crashed: &HashSet<(PathBuf, String)>) -> (Outcome, bool) {
+    match tokio::time::timeout(PROBE_TIMEOUT, ask(path, crashed)).await {
+        Ok(outcome) => outcome,
+        Err(_) => (
+            Outcome::Unserved(
+                None,
+                Unserved::Unreachable {
+                    reason: format!(
+                        "the driver at {} did not answer GetPluginInfo and the capability calls within {PROBE_TIMEOUT:?}",
+                        path.display()
+                    ),
+                },
+            ),
+            false,
+        ),
+    }
+}
+
+/// Why a driver that dropped the connection when asked ControllerGetCapabilities is not
+/// served.
+const CRASHED: &str = "offers the CONTROLLER_SERVICE plugin capability, but dropped the connection (its process ended?) when asked ControllerGetCapabilities, as the GCE PD driver's node plugin does (it registers a controller service without one, and the call dereferences it); not asked again while attacher-hub runs: a node plugin";
+
+async fn ask(path: &Path, crashed: &HashSet<(PathBuf, String)>) -> (Outcome, bool) {
+    let outcome = ask_once(path, crashed).await;
+    let dropped = matches!(&outcome, Outcome::Unserved(_, Unserved::NoControllerService { reason }) if reason == CRASHED);
+    (outcome, dropped)
+}
+
+async fn ask_once(path: &Path, crashed: &HashSet<(PathBuf, String)>) -> Outcome {
+    let unreachable = |name: Option<String>, reason: String| {
+        Outcome::Unserved(name, Unserved::Unreachable { reason })
+    };
+    if let Err(why) = connect(path).await {
+        return Outcome::Unserved(None, why);
+    }
+    let address = match path.to_string_lossy().parse::<Address>() {
+        Ok(a) => a,
+        Err(e) => return unreachable(None, e.to_string()),
+    };
+    let connection = match Connection::connect(address, Some(Duration::ZERO)).await {
+        Ok(c) => c,
+        Err(e) => return unreachable(None, e.to_string()),
+    };
+    // The probe's calls are not the driver's: they go to a registry nobody reads.
+    let ops = match crate::metrics::CsiOperations::register(&prometheus::Registry::new()) {
+        Ok(ops) => ops,
+        Err(e) => return unreachable(None, format!("metrics of the probe: {e}")),
+    };
+    let client = DriverClient::new(&connection, CallMetrics::new(ops));
+    let name = match csi::probe::plugin_name(&client).await {
+        Ok(n) => n,
+        Err(e) => return unreachable(None, format!("GetPluginInfo failed: {e}")),
+    };
+    let named = |why| Outcome::Unserved(Some(name.clone()), why);
+    match client.plugin_capabilities(INFO_TIMEOUT).await {
+        Ok(caps) if csi::probe::offers_controller_service(&caps) => {}
+        Ok(_) => {
+            return named(Unserved::NoControllerService {
+                reason: "does not offer the CONTROLLER_SERVICE plugin capability: a node plugin"
+                    .into(),
+            });
+        }
+        Err(e) => {
+            return named(Unserved::Unreachable {
+                reason: format!("GetPluginCapabilities failed: {e}"),
+            });
+        }
+    }
+    if crashed.contains(&(path.to_path_buf(), name.clone())) {
+        return named(Unserved::NoControllerService {
+            reason: CRASHED.into(),
+        });
+    }
+    let losses = connection.losses();
+    match client.controller_capabilities(INFO_TIMEOUT).await {
+        Ok(_) => Outcome::Serve(name),
+        // The connection ended under the call: the driver's process most likely died of it.
+        Err(_) if *losses.borrow() > 0 => named(Unserved::NoControllerService {
+            reason: CRASHED.into(),
+        }),
+        Err(e) if e.code() == tonic::Code::Unimplemented => named(Unserved::NoControllerService {
+            reason: format!(
+                "offers the CONTROLLER_SERVICE plugin capability but does not serve it (ControllerGetCapabilities: {e}): a node plugin"
+            ),
+        }),
+        Err(e) => named(Unserved::Unreachable {
+            reason: format!("ControllerGetCapabilities failed: {e}"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Args;
+    use crate::config::Defaults;
+    use crate::csi::fake::FakeCsi;
+
+    /// Discovery over `<dir>/*/csi.sock`, with the flags' defaults.
+    fn glob_in(dir: &Path) -> Discovery {
+        let defaults = Defaults::with_identity(&Args::default(), "test-host".into());
+        Discovery {
+            pattern: Some(format!("{}/*/csi.sock", dir.display())),
+            registration_dir: None,
+            settings_for: Arc::new(move |a| defaults.settings_for(a)),
+        }
+    }
+
+    /// `<dir>/<name>/csi.sock`, its directory created.
+    fn socket_in(dir: &Path, name: &str) -> PathBuf {
+        std::fs::create_dir_all(dir.join(name)).expect("a directory");
+        dir.join(name).join("csi.sock")
+    }
+
+    /// A socket file nobody listens on, as a driver killed without removing it leaves it.
+    fn stale_socket(path: &Path) {
+        drop(std::os::unix::net::UnixListener::bind(path).expect("bind"));
+        assert!(FileId::of_socket(path).is_some(), "the socket file stays");
+    }
+
+    fn states(scan: &Scan) -> Vec<(String, &Unserved)> {
+        scan.unserved
+            .iter()
+            .map(|r| (r.socket.path().display().to_string(), &r.why))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_is_recorded_not_served_and_served_once_a_driver_listens_there() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let discovery = glob_in(dir.path());
+        let path = socket_in(dir.path(), "d1");
+        stale_socket(&path);
+        let mut memory = Memory::default();
+        let none = HashSet::new();
+
+        let first = discovery.scan(&mut memory, &none).await;
+        assert!(first.serve.is_empty(), "{first:?}");
+        assert_eq!(first.unserved.len(), 1, "{first:?}");
+        let record = &first.unserved[0];
+        assert_eq!(record.socket.path(), path);
+        match &record.why {
+            Unserved::StaleSocket { reason } => {
+                assert!(reason.contains(&path.display().to_string()), "{reason}")
+            }
+            other => panic!("not stale: {other:?}"),
+        }
+        // The next scan says the same, since the same time.
+        let second = discovery.scan(&mut memory, &none).await;
+        assert_eq!(second.unserved, first.unserved);
+
+        // A driver starts again at that path (removing the old file first, as drivers do).
+        std::fs::remove_file(&path).expect("remove");
+        let fake = FakeCsi::new("d1.csi.example.com");
+        let server = fake.serve_unix(&path, true);
+        let third = discovery.scan(&mut memory, &none).await;
+        assert_eq!(
+            third.serve,
+            vec![Found {
+                address: path.to_str().expect("UTF-8").parse().expect("a path"),
+                name: "d1.csi.example.com".into(),
+            }]
+        );
+        assert!(third.unserved.is_empty(), "{third:?}");
+
+        // Served and connected, the socket is not asked again.
+        let asked = fake.calls_of("GetPluginInfo").len();
+        let fourth = discovery.scan(&mut memory, &none).await;
+        assert_eq!(fourth.serve, third.serve);
+        assert_eq!(fake.calls_of("GetPluginInfo").len(), asked);
+
+        // The driver dies without removing its socket: once its served driver tries to
+        // connect again, the socket is found stale and no longer served.
+        drop(server);
+        tokio::task::yield_now().await;
+        let kept = discovery.scan(&mut memory, &none).await;
+        assert_eq!(
+            kept.serve, third.serve,
+            "a connected driver's socket is left alone"
+        );
+        let reconnecting: HashSet<PathBuf> = [path.clone()].into();
+        let fifth = discovery.scan(&mut memory, &reconnecting).await;
+        assert!(fifth.serve.is_empty(), "{fifth:?}");
+        assert!(
+            matches!(states(&fifth)[..], [(_, Unserved::StaleSocket { .. })]),
+            "{fifth:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_node_plugin_that_offers_the_controller_service_without_serving_it_is_not_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let discovery = glob_in(dir.path());
+        let node = FakeCsi::new("pd.csi.storage.gke.io");
+        let _node = node.serve_unix(&socket_in(dir.path(), "node"), false);
+        let controller = FakeCsi::new("controller.csi.example.com");
+        let _controller = controller.serve_unix(&socket_in(dir.path(), "controller"), true);
+        let mut memory = Memory::default();
+
+        let scan = discovery.scan(&mut memory, &HashSet::new()).await;
+        let served: Vec<&str> = scan.serve.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(served, ["controller.csi.example.com"]);
+        assert_eq!(scan.unserved.len(), 1, "{scan:?}");
+        let record = &scan.unserved[0];
+        assert_eq!(record.name.as_deref(), Some("pd.csi.storage.gke.io"));
+        match &record.why {
+            Unserved::NoControllerService { reason } => {
+                assert!(reason.contains("does not serve it"), "{reason}")
+            }
+            other => panic!("not a node plugin: {other:?}"),
+        }
+        let entry = record.describe();
+        assert_eq!(entry["state"]["state"], "noControllerService");
+        assert_eq!(entry["discovered"], true);
+        // Asked once: the next scan keeps the answer.
+        let asked = node.calls_of("GetPluginInfo").len();
+        let again = discovery.scan(&mut memory, &HashSet::new()).await;
+        assert_eq!(again.unserved, scan.unserved);
+        assert_eq!(node.calls_of("GetPluginInfo").len(), asked);
+    }
+
+    #[test]
+    fn a_socket_is_asked_again_only_when_its_file_or_its_answer_calls_for_it() {
+        let file = FileId(1, 2, 3, 4);
+        let probed = |outcome| Probed {
+            file,
+            outcome,
+            since: Timestamp::now(),
+        };
+        let serve = probed(Outcome::Serve("d".into()));
+        let reason = String::new;
+        let unserved = |why| probed(Outcome::Unserved(None, why));
+        assert_eq!(check(None, file, false), Check::Probe);
+        assert_eq!(check(Some(&serve), file, false), Check::Keep);
+        assert_eq!(check(Some(&serve), file, true), Check::Connect);
+        assert_eq!(check(Some(&serve), FileId(1, 2, 3, 5), false), Check::Probe);
+        let stale = unserved(Unserved::StaleSocket { reason: reason() });
+        assert_eq!(check(Some(&stale), file, false), Check::Connect);
+        let node = unserved(Unserved::NoControllerService { reason: reason() });
+        assert_eq!(check(Some(&node), file, false), Check::Keep);
+        let unreachable = unserved(Unserved::Unreachable { reason: reason() });
+        assert_eq!(check(Some(&unreachable), file, false), Check::Probe);
+    }
 }

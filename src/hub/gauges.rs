@@ -104,8 +104,13 @@ impl Gauges {
         let metrics = &hub.shared.metrics;
         for d in slots {
             let Some(name) = d.name() else { continue };
+            let state = d.state();
+            // A node plugin is recorded, not served: it is neither up nor down.
+            if state == State::NoControllerService {
+                continue;
+            }
             let up = matches!(
-                d.state(),
+                state,
                 State::Standby | State::Leading | State::Blocked { .. }
             );
             let driver = series

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    config::Settings,
+    config::{NamedSettings, Settings},
     http,
     k8s::{
         budget::{FairCap, Limit},
@@ -111,6 +111,8 @@ pub struct Config {
     pub http: Option<HttpConfig>,
     /// The drivers at start-up.
     pub drivers: Vec<Settings>,
+    /// Settings for discovered drivers by name (entries of `--config` without an address).
+    pub discovered: Vec<NamedSettings>,
     /// How the driver list changes at run time.
     pub source: Source,
     /// Spread driver Leases across replicas (hub mode with leader election).
@@ -132,6 +134,7 @@ pub async fn run(
         resync,
         http: http_config,
         drivers,
+        discovered,
         source,
         balance,
         max_grpc_log_length,
@@ -216,6 +219,7 @@ pub async fn run(
         shared: shared.clone(),
         registry: hub_registry.clone(),
         first_reconcile: CancellationToken::new(),
+        unserved: parking_lot::Mutex::default(),
         config: reload::ConfigStatus::new(
             config_path,
             crate::metrics::config::ConfigMetrics::register(&registry).map_err(Error::Metrics)?,
@@ -281,7 +285,7 @@ pub async fn run(
     );
 
     let supervisor = Supervisor::new(hub, source)
-        .run(drivers, shutdown.clone())
+        .run(drivers, discovered, shutdown.clone())
         .instrument(tracing::info_span!("supervisor"));
     tokio::pin!(supervisor);
     let died = tokio::select! {

@@ -54,13 +54,16 @@ impl http::Status for HubStatus {
         self.gauges.refresh(false);
     }
 
+    /// The drivers, then the discovered sockets that are not served.
     fn drivers(&self) -> serde_json::Value {
+        let unserved = self.hub.unserved.lock().clone();
         serde_json::Value::Array(
             self.hub
                 .registry
                 .slots()
                 .iter()
                 .map(|d| d.describe())
+                .chain(unserved.iter().map(|r| r.describe()))
                 .collect(),
         )
     }
@@ -160,6 +163,16 @@ mod tests {
         status.refresh_metrics();
         assert_eq!(up_series(), [("x.csi.io".to_owned(), 0.0)]);
         hub.registry.remove_slot(&driver);
+        status.refresh_metrics();
+        assert_eq!(up_series(), []);
+        // A node plugin is recorded, not served: neither up nor down.
+        let node = Driver::named(
+            defaults.settings_for("/n.sock".parse().expect("a path")),
+            Origin::Discovered,
+            "node.csi.io",
+        );
+        node.set_state_for_test(crate::hub::driver::State::NoControllerService);
+        hub.registry.add_slot(node);
         status.refresh_metrics();
         assert_eq!(up_series(), []);
     }

@@ -4,7 +4,7 @@
 //! counted, and the driver started again.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -15,10 +15,10 @@ use tracing::Instrument;
 
 use super::{
     context::Context,
-    discovery::Discovery,
-    driver::{Driver, Origin, guard::guarded},
+    discovery::{self, Discovery, Found},
+    driver::{Driver, Origin, State, guard::guarded},
 };
-use crate::config::{self, Settings};
+use crate::config::{self, NamedSettings, Settings};
 
 /// How often the driver file and the discovery glob are checked for changes.
 const SOURCE_POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -86,8 +86,16 @@ impl Supervisor {
         }
     }
 
-    pub(crate) async fn run(mut self, initial: Vec<Settings>, shutdown: CancellationToken) {
+    /// Runs until `shutdown`: `initial` are the drivers at start-up, `named` the settings of
+    /// discovered drivers by name.
+    pub(crate) async fn run(
+        mut self,
+        initial: Vec<Settings>,
+        named: Vec<NamedSettings>,
+        shutdown: CancellationToken,
+    ) {
         let mut configured = initial;
+        let mut named = named;
         let mut file_digest = match &self.source {
             Source::File { path, .. } => digest(path),
             _ => None,
@@ -97,11 +105,12 @@ impl Supervisor {
             Source::Discover(d) => Some(d.clone()),
             Source::Fixed => None,
         };
-        let mut registrations = HashMap::new();
-        let mut discovered = match &discovery {
-            Some(d) => d.scan(&mut registrations).await,
+        let mut memory = discovery::Memory::default();
+        let mut found = match &discovery {
+            Some(d) => self.scan(d, &mut memory).await,
             None => Vec::new(),
         };
+        let mut discovered = resolve(discovery.as_ref(), &named, &found);
         self.apply(&configured, &discovered).await;
         self.hub.first_reconcile.cancel();
 
@@ -130,6 +139,7 @@ impl Supervisor {
                     match load(path) {
                         Ok(config) => {
                             configured = config.drivers;
+                            named = config.discovered;
                             changed = true;
                             self.hub.shared.api_cap.set_limit(config.hub_api_cap);
                             self.hub.config.reloaded();
@@ -142,13 +152,14 @@ impl Supervisor {
                 }
             }
             if let Some(d) = &discovery {
-                let now = d.scan(&mut registrations).await;
-                if now != discovered {
-                    discovered = now;
+                let now = self.scan(d, &mut memory).await;
+                if now != found {
+                    found = now;
                     changed = true;
                 }
             }
             if changed {
+                discovered = resolve(discovery.as_ref(), &named, &found);
                 self.apply(&configured, &discovered).await;
             }
         }
@@ -156,6 +167,23 @@ impl Supervisor {
         tracing::info!("shutting down: draining drivers and releasing leases");
         let all: Vec<PathBuf> = self.running.keys().cloned().collect();
         self.stop(all).await;
+    }
+
+    /// Scans for driver sockets; records the ones not served for `/drivers` and returns the
+    /// others. Discovered drivers trying to connect again have their sockets checked for
+    /// staleness.
+    async fn scan(&self, discovery: &Discovery, memory: &mut discovery::Memory) -> Vec<Found> {
+        let reconnecting: HashSet<PathBuf> = self
+            .running
+            .iter()
+            .filter(|(_, r)| {
+                r.origin == Origin::Discovered && r.driver.state() == State::Connecting
+            })
+            .map(|(path, _)| path.clone())
+            .collect();
+        let scan = discovery.scan(memory, &reconnecting).await;
+        *self.hub.unserved.lock() = scan.unserved;
+        scan.serve
     }
 
     /// Stops the drivers at `paths`, all at once (each drains its work and vacates its Lease),
@@ -261,6 +289,29 @@ impl Supervisor {
     }
 }
 
+/// The settings of each discovered driver: those `drivers.yaml` gives its name, else the
+/// flags'; either way it must keep reporting the name it was found with.
+fn resolve(
+    discovery: Option<&Discovery>,
+    named: &[NamedSettings],
+    found: &[Found],
+) -> Vec<Settings> {
+    let Some(discovery) = discovery else {
+        return Vec::new();
+    };
+    found
+        .iter()
+        .map(|f| match named.iter().find(|n| n.name() == f.name) {
+            Some(n) => n.at(f.address.clone()),
+            None => {
+                let mut s = (discovery.settings_for)(f.address.clone());
+                s.expected_name = Some(f.name.clone());
+                s
+            }
+        })
+        .collect()
+}
+
 /// A cheap fingerprint of a file's content (`None` if unreadable).
 fn digest(path: &Path) -> Option<u64> {
     use std::hash::{Hash, Hasher};
@@ -300,7 +351,6 @@ mod tests {
     use crate::config::Defaults;
     use crate::fake_api::FakeApi;
     use crate::hub::context::tests::context;
-    use crate::hub::driver::State;
     use crate::k8s::stores::TestStores;
 
     /// The settings the flags give a socket (nobody listens there: its driver keeps trying to
@@ -405,6 +455,54 @@ mod tests {
         sup.stop(all).await;
     }
 
+    /// A discovered driver gets the settings `drivers.yaml` gives its name (its Lease namespace
+    /// among them), else the flags'; either way it must keep reporting that name.
+    #[test]
+    fn a_discovered_driver_takes_the_settings_of_its_name() {
+        let mut args = Args::default();
+        args.leader_election.enabled = true;
+        let defaults = Defaults::with_identity(&args, "test-host".into());
+        let d = defaults.clone();
+        let discovery = Discovery {
+            pattern: Some("/plugins/*/csi.sock".into()),
+            registration_dir: None,
+            settings_for: Arc::new(move |a| d.settings_for(a)),
+        };
+        let named = crate::config::parse(
+            "drivers:\n- name: pd.csi.storage.gke.io\n  leaderElection: {namespace: kube-system}\n",
+            "drivers.yaml",
+            &defaults,
+            true,
+        )
+        .expect("valid")
+        .discovered;
+        let found = |socket: &str, name: &str| Found {
+            address: socket.parse().expect("a path"),
+            name: name.into(),
+        };
+        let got = resolve(
+            Some(&discovery),
+            &named,
+            &[
+                found("/plugins/pd/csi.sock", "pd.csi.storage.gke.io"),
+                found("/plugins/nfs/csi.sock", "nfs.csi.example.com"),
+            ],
+        );
+        let lease_ns = |s: &Settings| s.leader_election.as_ref().map(|le| le.namespace.clone());
+        assert_eq!(got[0].address.to_string(), "unix:///plugins/pd/csi.sock");
+        assert_eq!(
+            got[0].expected_name.as_deref(),
+            Some("pd.csi.storage.gke.io")
+        );
+        assert_eq!(lease_ns(&got[0]).as_deref(), Some("kube-system"));
+        assert_eq!(got[1].expected_name.as_deref(), Some("nfs.csi.example.com"));
+        assert_eq!(
+            lease_ns(&got[1]),
+            Some(crate::leader::resolve_namespace(None))
+        );
+        assert!(resolve(None, &named, &[]).is_empty());
+    }
+
     /// The driver file is re-read when its content changes: a valid new list is applied, an
     /// invalid one is refused and the running drivers are kept.
     #[tokio::test(start_paused = true)]
@@ -426,8 +524,11 @@ mod tests {
             discover: None,
         };
         let shutdown = CancellationToken::new();
-        let task =
-            tokio::spawn(Supervisor::new(hub.clone(), source).run(initial, shutdown.clone()));
+        let task = tokio::spawn(Supervisor::new(hub.clone(), source).run(
+            initial,
+            Vec::new(),
+            shutdown.clone(),
+        ));
         let sockets = || {
             let mut names: Vec<String> = hub
                 .registry

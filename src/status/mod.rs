@@ -56,7 +56,10 @@ fn render(snapshot: &Snapshot, output: Output) -> String {
 
 /// Every driver ready and every counted VolumeAttachment attached.
 fn all_attached(snapshot: &Snapshot) -> bool {
-    let rows = rows(&snapshot.drivers, snapshot.counts.as_ref());
+    let rows: Vec<Row> = rows(&snapshot.drivers, snapshot.counts.as_ref())
+        .into_iter()
+        .filter(Row::is_driver)
+        .collect();
     !rows.is_empty()
         && rows.iter().all(Row::ready)
         && rows
@@ -67,7 +70,10 @@ fn all_attached(snapshot: &Snapshot) -> bool {
 
 /// A one-line summary for progress lines.
 fn summary(snapshot: &Snapshot) -> String {
-    let rows = rows(&snapshot.drivers, snapshot.counts.as_ref());
+    let rows: Vec<Row> = rows(&snapshot.drivers, snapshot.counts.as_ref())
+        .into_iter()
+        .filter(Row::is_driver)
+        .collect();
     let ready = rows.iter().filter(|r| r.ready()).count();
     let mut text = format!("{ready}/{} drivers ready", rows.len());
     if snapshot.counts.is_some() {

@@ -47,6 +47,12 @@ pub struct Row {
 }
 
 impl Row {
+    /// A driver the hub serves, rather than a discovered socket it records without serving
+    /// (a stale socket, a node plugin): only drivers count towards readiness.
+    pub fn is_driver(&self) -> bool {
+        !matches!(self.state.as_str(), "staleSocket" | "noControllerService")
+    }
+
     /// Ready to act: leading, or standing by while a Lease holder acts.
     pub fn ready(&self) -> bool {
         match self.state.as_str() {
@@ -567,6 +573,10 @@ pub(crate) mod tests {
         assert!(row("standby", Some("other"), true).ready());
         assert!(!row("standby", None, true).ready());
         assert!(row("standby", None, false).ready());
+        // Discovered sockets recorded without being served are not drivers.
+        assert!(!row("staleSocket", None, true).is_driver());
+        assert!(!row("noControllerService", None, true).is_driver());
+        assert!(row("failed", None, true).is_driver());
         for state in [
             "connecting",
             "notReady",

@@ -124,6 +124,20 @@ impl Driver {
             .set_driver(&name, is_migration_driver(&name));
         let caps = match csi::probe::capabilities(&client).await {
             Ok(c) => c,
+            // A discovered node plugin that offers the controller service without serving it
+            // (discovery tells these apart before it serves a socket; this is the driver
+            // changing its answers since).
+            Err(e)
+                if self.origin == Origin::Discovered && e.code() == tonic::Code::Unimplemented =>
+            {
+                tracing::info!(driver = %name, error = %e, "discovered socket does not serve the controller service it offers; recording it as a node plugin");
+                self.info.write().name = Some(name.clone());
+                self.set_state(State::NoControllerService);
+                return tokio::select! {
+                    () = stop.cancelled() => Outcome::Stopped,
+                    _ = losses.changed() => Outcome::ConnectionLost,
+                };
+            }
             Err(e) => return Outcome::Failed(format!("capability detection failed: {e}")),
         };
         {
