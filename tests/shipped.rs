@@ -23,6 +23,11 @@ use serde_json::{Value, json};
 use pods::PodRunner;
 use support::{Cluster, PvBuilder, controller_manager, documents, kubectl, kustomize, repo, va};
 
+/// The tests of this file one at a time: the overlays share cluster-scoped names (the
+/// ClusterRole and ClusterRoleBinding `attacher-hub`, bound to each overlay's own account), and
+/// the tests share the volume node and the VA label.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The two drivers of `deploy/overlays/hub` (placeholders the runner serves with the mock).
 const HUB_DRIVERS: [&str; 2] = ["fast-disk.csi.example.com", "nfs.csi.example.com"];
 
@@ -697,6 +702,7 @@ async fn roll_over(
 /// the hub's requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hub_overlay_rolls_over_without_a_leaderless_driver() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::get();
     controller_manager(cluster);
     let client = cluster.client().await;
@@ -718,7 +724,7 @@ async fn hub_overlay_rolls_over_without_a_leaderless_driver() {
         began,
     )
     .await;
-    finish(&client, runner, &ns).await;
+    finish(&client, runner, &ns, &objects).await;
     let rollout = outcome.unwrap_or_else(|why| panic!("{why}"));
     eprintln!("hub overlay: {}", rollout.summary());
     let problems = rollout.problems(Duration::from_secs(1), Duration::from_secs(1));
@@ -738,8 +744,9 @@ fn namespace_of(objects: &[Value]) -> String {
         .to_string()
 }
 
-/// Stops the runner and removes what the test made, printing the containers' last lines.
-async fn finish(client: &Client, runner: PodRunner, ns: &str) {
+/// Stops the runner and removes what the test made (the cluster-scoped objects of `objects`
+/// too, which another test or a chart install may name), printing the containers' last lines.
+async fn finish(client: &Client, runner: PodRunner, ns: &str, objects: &[Value]) {
     eprintln!("{}", runner.log_tails(15));
     for kind in ["deployments", "daemonsets", "replicasets"] {
         let (_, _) = kubectl(
@@ -749,6 +756,20 @@ async fn finish(client: &Client, runner: PodRunner, ns: &str) {
     }
     runner.shutdown().await;
     clean_namespace(client, ns).await;
+    let cluster_scoped: Vec<&Value> = objects
+        .iter()
+        .filter(|o| {
+            matches!(
+                o["kind"].as_str(),
+                Some("ClusterRole" | "ClusterRoleBinding")
+            )
+        })
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": cluster_scoped});
+    let (_, _) = kubectl(
+        &["delete", "--ignore-not-found", "-f", "-"],
+        Some(&list.to_string()),
+    );
     let nodes: Api<Node> = Api::all(client.clone());
     let _ = nodes
         .delete("shipped-volume-node", &DeleteParams::default())
@@ -763,6 +784,7 @@ async fn finish(client: &Client, runner: PodRunner, ns: &str) {
 /// retry period).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sidecar_overlay_rolls_over_no_worse_than_the_go_sidecar() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::get();
     controller_manager(cluster);
     let client = cluster.client().await;
@@ -802,7 +824,7 @@ async fn sidecar_overlay_rolls_over_no_worse_than_the_go_sidecar() {
             began,
         )
         .await;
-        finish(&client, runner, &ns).await;
+        finish(&client, runner, &ns, &objects).await;
         let rollout =
             outcome.unwrap_or_else(|why| panic!("{}: {why}", if go { "Go" } else { "hub" }));
         eprintln!(
