@@ -169,11 +169,23 @@ pub(crate) fn release_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = std::process::Command::new(cargo)
+        let mut build = std::process::Command::new(cargo);
+        build
             .args(["build", "--release", "--locked", "--bin", "attacher-hub"])
-            .current_dir(repo())
-            .status()
-            .expect("run cargo build --release");
+            .current_dir(repo());
+        // cargo test hands this process CARGO_PKG_*, CARGO_MANIFEST_*, OUT_DIR, ...; build
+        // scripts (ring's) watch such variables, so a build that sees them rebuilds what
+        // scripts/test.sh built without them (and the other way round the next time).
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "OUT_DIR"].contains(&name.as_ref())
+            {
+                build.env_remove(name.as_ref());
+            }
+        }
+        let status = build.status().expect("run cargo build --release");
         assert!(status.success(), "cargo build --release failed");
         crate::support::target_dir().join("release/attacher-hub")
     })
