@@ -43,7 +43,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::support::{Cluster, target_dir};
+use crate::support::Cluster;
 
 /// An emulated node.
 #[derive(Clone, Debug)]
@@ -157,7 +157,9 @@ impl PodRunner {
                 .join("pki/ca.crt"),
         )
         .expect("the cluster's CA");
-        let dir = target_dir().join("pod-runner").join(namespace);
+        // Short, so that a socket a test serves in a node's directory stays within the 108
+        // bytes of a Unix socket address: /tmp/ahp/<namespace>/n-<node>/...
+        let dir = std::env::temp_dir().join("ahp").join(namespace);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("the runner's directory");
         let shared = Arc::new(Shared {
@@ -179,7 +181,7 @@ impl PodRunner {
             let node = Node {
                 name: name.to_string(),
                 labels: all,
-                root: dir.join("nodes").join(name),
+                root: dir.join(format!("n-{name}")),
             };
             std::fs::create_dir_all(&node.root).expect("the node's root");
             create_node(&client, &node).await;
