@@ -687,7 +687,7 @@ async fn roll_over(
         .map(|(l, h)| (l, h.iter().map(|(_, x)| x).collect()))
         .collect();
     eprintln!(
-        "rolling update of the hub overlay: {:.1} s; {} VAs made meanwhile, attach p99 {:?}, max {:?}; \
+        "rolling update of {deployment}: {:.1} s; {} VAs made meanwhile, attach p99 {:?}, max {:?}; \
          longest leaderless time per driver {gaps:?}; {} leader polls; holders {holders:?}",
         (to - from).as_secs_f64(),
         latencies.len(),
