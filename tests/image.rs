@@ -315,18 +315,7 @@ async fn image_built_here_runs_as_the_manifests_run_it() {
     let t0 = Instant::now();
     let mut release = Command::new(env!("CARGO"));
     release.args(RELEASE_BUILD).current_dir(repo());
-    // cargo test gives this process CARGO_MANIFEST_DIR, CARGO_PKG_*, OUT_DIR,
-    // ...; build scripts (ring's) watch such variables, and seeing them
-    // differ from the build of scripts/test.sh would rebuild half the tree.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_MANIFEST_")
-            || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "OUT_DIR"].contains(&name.as_ref())
-        {
-            release.env_remove(name.as_ref());
-        }
-    }
+    support::without_cargo_test_env(&mut release);
     let (ok, _, err) = run(&mut release);
     assert!(ok, "cargo {RELEASE_BUILD:?} failed:\n{err}");
     let release_build = t0.elapsed();

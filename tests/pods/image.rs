@@ -173,18 +173,7 @@ pub(crate) fn release_binary() -> PathBuf {
         build
             .args(["build", "--release", "--locked", "--bin", "attacher-hub"])
             .current_dir(repo());
-        // cargo test hands this process CARGO_PKG_*, CARGO_MANIFEST_*, OUT_DIR, ...; build
-        // scripts (ring's) watch such variables, so a build that sees them rebuilds what
-        // scripts/test.sh built without them (and the other way round the next time).
-        for (name, _) in std::env::vars_os() {
-            let name = name.to_string_lossy();
-            if name.starts_with("CARGO_PKG_")
-                || name.starts_with("CARGO_MANIFEST_")
-                || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "OUT_DIR"].contains(&name.as_ref())
-            {
-                build.env_remove(name.as_ref());
-            }
-        }
+        crate::support::without_cargo_test_env(&mut build);
         let status = build.status().expect("run cargo build --release");
         assert!(status.success(), "cargo build --release failed");
         crate::support::target_dir().join("release/attacher-hub")

@@ -229,7 +229,6 @@ impl PodRunner {
         port: u16,
         path: &str,
     ) -> std::io::Result<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let netns = self
             .shared
             .netns
@@ -237,7 +236,7 @@ impl PodRunner {
             .expect("netns map")
             .get(pod)
             .cloned();
-        let mut stream = match netns {
+        let stream = match netns {
             Some(ns) => netns::connect_in(&ns, port, Duration::from_secs(2)).await?,
             None => {
                 return Err(std::io::Error::other(format!(
@@ -245,21 +244,12 @@ impl PodRunner {
                 )));
             }
         };
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {pod}\r\n\r\n").as_bytes())
-            .await?;
-        let mut raw = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
-            .await
-            .map_err(|_| std::io::Error::other("no answer within 5 s"))??;
-        let text = String::from_utf8_lossy(&raw);
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        Ok((status, body.to_string()))
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            crate::support::request_over(stream, pod, "GET", path),
+        )
+        .await
+        .map_err(|_| std::io::Error::other("no answer within 5 s"))?
     }
 
     /// Everything `container` of `pod` printed (all its runs).

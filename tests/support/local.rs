@@ -33,8 +33,19 @@ pub(crate) async fn http_request(
     method: &str,
     path: &str,
 ) -> std::io::Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let req = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    request_over(stream, &addr.to_string(), method, path).await
+}
+
+/// One bodiless HTTP/1.0 request over `stream` (already connected, to `host`): status code
+/// and body.
+pub(crate) async fn request_over(
+    mut stream: tokio::net::TcpStream,
+    host: &str,
+    method: &str,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
+    let req = format!("{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n");
     stream.write_all(req.as_bytes()).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;

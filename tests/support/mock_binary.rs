@@ -43,16 +43,7 @@ pub(crate) fn mock_csi_driver_bin() -> &'static Path {
             .arg("--target-dir")
             .arg(target_dir)
             .current_dir(env!("CARGO_MANIFEST_DIR"));
-        // What cargo sets for this test's own package must not leak into the inner build.
-        for (name, _) in std::env::vars_os() {
-            let name = name.to_string_lossy();
-            if name.starts_with("CARGO_PKG_")
-                || name.starts_with("CARGO_MANIFEST_")
-                || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "OUT_DIR"].contains(&name.as_ref())
-            {
-                build.env_remove(name.as_ref());
-            }
-        }
+        without_cargo_test_env(&mut build);
         let out = build
             .output()
             .unwrap_or_else(|e| panic!("running cargo to build mock-csi-driver: {e}"));
@@ -63,4 +54,20 @@ pub(crate) fn mock_csi_driver_bin() -> &'static Path {
         );
         profile_dir.join("mock-csi-driver")
     })
+}
+
+/// Removes from `cmd` what cargo test sets for this test's own package (CARGO_PKG_*,
+/// CARGO_MANIFEST_*, OUT_DIR, ...): build scripts (ring's) watch such variables, so an inner
+/// `cargo build` that saw them would rebuild what a plain build made, and the plain build would
+/// rebuild it back the next time.
+pub(crate) fn without_cargo_test_env(cmd: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "OUT_DIR"].contains(&name.as_ref())
+        {
+            cmd.env_remove(name.as_ref());
+        }
+    }
 }

@@ -34,9 +34,9 @@ pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
     is_attached, sanitize_driver_name, va,
 };
-pub(crate) use local::{http_get, http_get_at, repo, tool};
+pub(crate) use local::{http_get, http_get_at, repo, request_over, tool};
 pub(crate) use manifests::{documents, kind, kubectl, kustomize, name, namespace, run};
-pub(crate) use mock_binary::{mock_csi_driver_bin, target_dir};
+pub(crate) use mock_binary::{mock_csi_driver_bin, target_dir, without_cargo_test_env};
 pub(crate) use mock_process::MockProcess;
 pub(crate) use names::{test_name, unique_driver_name, unique_name};
 pub(crate) use pd::{
