@@ -103,23 +103,26 @@ fn is_namespaced(resource: &str) -> bool {
     )
 }
 
+/// Creates the namespace `name`.
+async fn create_namespace(client: &Client, name: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+}
+
 /// A namespace with a ServiceAccount that may do anything (so that no refusal hides a later
 /// request) and a kubeconfig with a token of it, issued by the TokenRequest API as a pod's is.
 async fn unrestricted_identity(client: &Client, dir: &Path, ns: &str) -> (PathBuf, String) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(ns.into()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
-        .await
-        .expect("create the namespace");
+    create_namespace(client, ns).await;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     sas.create(
         &PostParams::default(),
@@ -393,20 +396,7 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
     let (kubeconfig, user) = unrestricted_identity(&client, dir.path(), &ns).await;
     // The secret lives in another namespace than the hub's, as a PV's secret usually does.
     let secret_ns = format!("{ns}-secrets");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(secret_ns.clone()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
-        .await
-        .expect("create the secrets' namespace");
+    create_namespace(&client, &secret_ns).await;
     publish_secret(&client, &secret_ns).await;
     let node = unique_name("rbac-node");
     create_node(&client, &node).await;

@@ -720,13 +720,7 @@ async fn roll_over(
 /// the hub's requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hub_overlay_rolls_over_without_a_leaderless_driver() {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::get();
-    controller_manager(cluster);
-    let client = cluster.client().await;
-    let objects = render("overlays/hub");
-    let ns = namespace_of(&objects);
-    clean_namespace(&client, &ns).await;
+    let (_serial, client, objects, ns) = set_up("overlays/hub").await;
     let runner = PodRunner::start(&ns, &[("hub-node-a", &[]), ("hub-node-b", &[])]).await;
     let began = std::time::SystemTime::now();
     apply(&objects);
@@ -750,6 +744,27 @@ async fn hub_overlay_rolls_over_without_a_leaderless_driver() {
         problems.is_empty(),
         "rolling update of deploy/overlays/hub: {problems:#?}"
     );
+}
+
+/// What each test here starts with: its turn, an admin client, kube-controller-manager
+/// running, the rendered objects of `deploy/<path>` and their namespace, emptied of what an
+/// earlier run left.
+async fn set_up(
+    path: &str,
+) -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    Client,
+    Vec<Value>,
+    String,
+) {
+    let serial = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::get();
+    controller_manager(cluster);
+    let client = cluster.client().await;
+    let objects = render(path);
+    let ns = namespace_of(&objects);
+    clean_namespace(&client, &ns).await;
+    (serial, client, objects, ns)
 }
 
 /// The namespace of the workload among `objects`.
@@ -802,12 +817,7 @@ async fn finish(client: &Client, runner: PodRunner, ns: &str, objects: &[Value])
 /// retry period).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sidecar_overlay_rolls_over_no_worse_than_the_go_sidecar() {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::get();
-    controller_manager(cluster);
-    let client = cluster.client().await;
-    let shipped = render("overlays/sidecar");
-    let ns = namespace_of(&shipped);
+    let (_serial, client, shipped, ns) = set_up("overlays/sidecar").await;
     let driver = "example.csi.example.com";
     let mut results = Vec::new();
     for go in [false, true] {
@@ -880,13 +890,7 @@ async fn sidecar_overlay_rolls_over_no_worse_than_the_go_sidecar() {
 /// within a second at p99, never two leaders, nothing refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn controller_pool_overlay_rolls_over_without_a_leaderless_driver() {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::get();
-    controller_manager(cluster);
-    let client = cluster.client().await;
-    let objects = render("overlays/controller-pool");
-    let ns = namespace_of(&objects);
-    clean_namespace(&client, &ns).await;
+    let (_serial, client, objects, ns) = set_up("overlays/controller-pool").await;
     let pool = [("attacher-hub.example.com/pool", "storage")];
     let runner = PodRunner::start(&ns, &[("pool-node-a", &pool), ("pool-node-b", &pool)]).await;
     // Each node's vendor controllers export their sockets where the DaemonSet looks.
