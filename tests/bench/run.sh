@@ -12,6 +12,12 @@
 # target/bench-e2e-report.md and is appended to target/bench-report.md.
 # BENCH_E2E=0 skips it; BENCH_E2E_ONLY=1 runs only it (then the main report is
 # left as it was); sizes: BENCH_E2E_* (tests/bench/e2e.rs).
+# Then the rolling updates (tests/shipped.rs `rolling_update_benchmark`, through the pod
+# runner, which needs root): deploy/overlays/hub, deploy/overlays/sidecar and the same
+# Deployment with the Go external-attacher, BENCH_ROLLOUT_REPEATS times each (default 3);
+# report target/bench-rollout-report.md, appended to target/bench-report.md.
+# BENCH_ROLLOUT=0 skips it; BENCH_ROLLOUT_ONLY=1 runs only it (the main report is then left
+# as it was).
 # BENCH_CLUSTER_DIR overrides the control plane's directory (.work/bench-cluster). With
 # CARGO_TARGET_DIR set, the reports go there instead of target/.
 set -euo pipefail
@@ -23,7 +29,7 @@ target=${CARGO_TARGET_DIR:-$repo/target}
 
 # Build first, so that compiling does not compete with the measurements (the mock driver
 # too: the benchmark would otherwise build it while it measures the API server's write rate).
-cargo test $profile --test bench --test bench_e2e --no-run
+cargo test $profile --test bench --test bench_e2e --test shipped --no-run
 cargo build $profile --quiet --package mock-csi-driver --bin mock-csi-driver
 
 # A fresh control plane: whatever an earlier run left is thrown away.
@@ -33,6 +39,8 @@ trap 'scripts/cluster-down.sh "$dir" >/dev/null 2>&1 || true' EXIT
 scripts/cluster-up.sh "$dir" >/dev/null
 # shellcheck disable=SC1091
 . "$dir/env"
+
+if [ "${BENCH_ROLLOUT_ONLY:-0}" = 1 ]; then BENCH_E2E=0 BENCH_E2E_ONLY=1; fi
 
 if [ "${BENCH_E2E_ONLY:-0}" != 1 ]; then
   t0=$(date +%s)
@@ -50,4 +58,16 @@ if [ "${BENCH_E2E:-1}" != 0 ]; then
     { echo; cat "$target/bench-e2e-report.md"; } >> "$target/bench-report.md"
   fi
   echo "bench: end-to-end configuration finished in $(( $(date +%s) - t0 )) s" >&2
+fi
+
+# --- rolling updates through the pod runner ---------------------------------------
+if [ "${BENCH_ROLLOUT:-1}" != 0 ]; then
+  t0=$(date +%s)
+  scripts/cluster-up.sh --controller-manager "$dir" >/dev/null
+  rm -f "$target/bench-rollout-report.md"
+  cargo test $profile --test shipped rolling_update_benchmark -- --ignored --nocapture --test-threads=1
+  if [ "${BENCH_E2E_ONLY:-0}" != 1 ] && [ -f "$target/bench-rollout-report.md" ]; then
+    { echo; cat "$target/bench-rollout-report.md"; } >> "$target/bench-report.md"
+  fi
+  echo "bench: rolling updates finished in $(( $(date +%s) - t0 )) s" >&2
 fi

@@ -1,7 +1,7 @@
 //! The node side of the pod runner: one task per pod bound to an emulated node, doing what the
 //! kubelet does with it.
 //!
-//! * Start: the pod's network namespace (unless `hostNetwork`) with the API server reachable
+//! * Start: the pod's network namespace (its node's for `hostNetwork`) with the API server reachable
 //!   inside, its volumes, then every container (init containers first, one after the other).
 //! * Run: a container that exits is restarted as `restartPolicy` says, the first time at once
 //!   and then after 10 s, doubling up to 5 min (the kubelet's crash-loop back-off); readiness
@@ -125,17 +125,9 @@ pub(crate) async fn run_pod(
         }
     };
     let ctx = Arc::new(ctx);
-    // The network the runner's own requests to the pod (http_get) enter: the pod's, or the
-    // host's for hostNetwork.
-    shared.set_netns(
-        &name,
-        Some(
-            netns
-                .as_ref()
-                .map(|n| n.path().to_path_buf())
-                .unwrap_or_else(|| PathBuf::from(format!("/proc/{}/ns/net", std::process::id()))),
-        ),
-    );
+    // The network the runner's own requests to the pod (http_get) enter: the pod's, or its
+    // node's for hostNetwork.
+    shared.set_netns(&name, ctx.netns.clone());
 
     // Managed volumes (ConfigMaps, Secrets, token) refreshed every second.
     let refresher = {
@@ -295,7 +287,10 @@ async fn prepare(
         api_host: "127.0.0.1".into(),
         api_port: shared.api.port(),
         volumes: pod_volumes.host.clone(),
-        netns: netns.as_ref().map(|n| n.path().to_path_buf()),
+        netns: Some(netns.as_ref().map_or_else(
+            || node.net.netns.path().to_path_buf(),
+            |n| n.path().to_path_buf(),
+        )),
         ..Context::default()
     };
     // The ConfigMaps and Secrets the environment refers to.

@@ -54,6 +54,22 @@ pub(crate) struct Node {
     pub(crate) labels: BTreeMap<String, String>,
     /// Its root directory: `hostPath: /x` is `<root>/x`.
     pub(crate) root: PathBuf,
+    /// The node's network: `hostNetwork` pods run in it (two emulated nodes are one host, and
+    /// two nodes' pods on one host port must not collide, as on real nodes they do not).
+    pub(crate) net: Arc<NodeNet>,
+}
+
+/// A node's network namespace and the API server forwarder in it.
+#[derive(Debug)]
+pub(crate) struct NodeNet {
+    pub(crate) netns: netns::Netns,
+    forwarder: JoinHandle<()>,
+}
+
+impl Drop for NodeNet {
+    fn drop(&mut self) {
+        self.forwarder.abort();
+    }
 }
 
 /// What every pod task needs.
@@ -96,7 +112,8 @@ pub(crate) struct PodRunner {
     namespace: String,
     nodes: Vec<Node>,
     pods: Arc<Mutex<HashMap<String, Running>>>,
-    watch: JoinHandle<()>,
+    /// One pod watch per namespace run here.
+    watches: Vec<JoinHandle<()>>,
 }
 
 impl PodRunner {
@@ -171,17 +188,23 @@ impl PodRunner {
             netns: Mutex::new(HashMap::new()),
         });
         let mut made = Vec::new();
-        for (name, labels) in nodes {
+        for (i, (name, labels)) in nodes.iter().enumerate() {
             let mut all: BTreeMap<String, String> = labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
             all.insert("kubernetes.io/hostname".into(), name.to_string());
             all.insert("kubernetes.io/os".into(), "linux".into());
+            let netns = netns::Netns::create(&format!("ah-node-{}-{i}", std::process::id()))
+                .expect("the node's network namespace");
+            let forwarder = netns
+                .forward(shared.api)
+                .expect("the API server forwarder in the node's network");
             let node = Node {
                 name: name.to_string(),
                 labels: all,
                 root: dir.join(format!("n-{name}")),
+                net: Arc::new(NodeNet { netns, forwarder }),
             };
             std::fs::create_dir_all(&node.root).expect("the node's root");
             create_node(&client, &node).await;
@@ -199,8 +222,21 @@ impl PodRunner {
             namespace: namespace.to_string(),
             nodes: made,
             pods,
-            watch,
+            watches: vec![watch],
         }
+    }
+
+    /// Also schedules and runs the pods of `namespace` on the same nodes, for paths whose
+    /// pods of two namespaces share a node's files (a vendor's controller exporting its
+    /// socket to the controller pool's DaemonSet). Each namespace's pods are placed apart
+    /// from the other's: anti-affinity and host ports count the pods of the same namespace.
+    pub(crate) fn also_run(&mut self, namespace: &str) {
+        self.watches.push(tokio::spawn(watch_pods(
+            self.shared.clone(),
+            namespace.to_string(),
+            self.nodes.clone(),
+            self.pods.clone(),
+        )));
     }
 
     /// The emulated nodes.
@@ -215,7 +251,12 @@ impl PodRunner {
 
     /// The pods of the namespace with `selector` (a label selector), as the API server has them.
     pub(crate) async fn pods(&self, selector: &str) -> Vec<Pod> {
-        let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), &self.namespace);
+        self.pods_in(&self.namespace, selector).await
+    }
+
+    /// The pods of `namespace` with `selector`, as the API server has them.
+    pub(crate) async fn pods_in(&self, namespace: &str, selector: &str) -> Vec<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), namespace);
         api.list(&ListParams::default().labels(selector))
             .await
             .map(|l| l.items)
@@ -285,7 +326,9 @@ impl PodRunner {
 
     /// Stops every container at once (no grace) and removes the nodes.
     pub(crate) async fn shutdown(self) {
-        self.watch.abort();
+        for w in &self.watches {
+            w.abort();
+        }
         let running: Vec<Running> = self
             .pods
             .lock()
@@ -428,6 +471,7 @@ async fn watch_pods(
                                         node,
                                         namespace: namespace.clone(),
                                         labels: pod.metadata.labels.clone().unwrap_or_default(),
+                                        host_ports: scheduler::host_ports(&pod),
                                     },
                                 );
                             }
@@ -445,6 +489,7 @@ async fn watch_pods(
                         node: node_name.clone(),
                         namespace: namespace.clone(),
                         labels: pod.metadata.labels.clone().unwrap_or_default(),
+                        host_ports: scheduler::host_ports(&pod),
                     },
                 );
                 let Some(node) = nodes.iter().find(|n| n.name == node_name) else {

@@ -428,7 +428,9 @@ pub(crate) fn plan(
     let host_network = spec.host_network == Some(true);
 
     let mut argv: Vec<String> = Vec::new();
-    if let (false, Some(netns)) = (host_network, &ctx.netns) {
+    // A pod's own network, or its node's for hostNetwork: either way a namespace of its own
+    // beside the host's (two emulated nodes are one host).
+    if let Some(netns) = &ctx.netns {
         argv.extend([
             "nsenter".into(),
             format!("--net={}", netns.display()),

@@ -1,9 +1,10 @@
 //! The scheduler side of the pod runner: which emulated node a pending pod goes to. It follows
 //! the parts of kube-scheduler the shipped manifests use: `nodeSelector`, required node
 //! affinity (label expressions and the `metadata.name` field a DaemonSet's pods carry),
-//! required pod anti-affinity, and, among the nodes left, preferred pod anti-affinity and then
-//! the fewest pods of the same namespace. No resources, taints or ports are considered (the
-//! emulated nodes have none to run out of).
+//! required pod anti-affinity, free host ports (a `hostNetwork` pod's container ports are host
+//! ports), and, among the nodes left, preferred pod anti-affinity and then the fewest pods of
+//! the same namespace. No resources or taints are considered (the emulated nodes have none to
+//! run out of).
 
 use std::collections::BTreeMap;
 
@@ -17,12 +18,31 @@ pub(crate) struct NodeView {
     pub(crate) labels: BTreeMap<String, String>,
 }
 
-/// A pod already placed: its node, namespace and labels.
+/// A pod already placed: its node, namespace, labels and the host ports it holds.
 #[derive(Clone, Debug)]
 pub(crate) struct Placed {
     pub(crate) node: String,
     pub(crate) namespace: String,
     pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) host_ports: Vec<i32>,
+}
+
+/// The host ports `pod` needs on its node: each container port's `hostPort`, and with
+/// `hostNetwork` every container port (its `hostPort` is its `containerPort`).
+pub(crate) fn host_ports(pod: &Pod) -> Vec<i32> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let host_network = spec.host_network == Some(true);
+    spec.containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            p.host_port
+                .or(host_network.then_some(p.container_port))
+                .filter(|port| *port > 0)
+        })
+        .collect()
 }
 
 fn requirement(r: &NodeSelectorRequirement, value: Option<&String>) -> bool {
@@ -141,7 +161,12 @@ pub(crate) fn pick(pod: &Pod, nodes: &[NodeView], placed: &[Placed]) -> Result<S
                     .iter()
                     .all(|t| matching(t, pod, node, nodes, placed) == 0)
             });
-        by_selector && by_affinity && by_anti_affinity
+        let wanted = host_ports(pod);
+        let by_ports = placed
+            .iter()
+            .filter(|p| p.node == node.name)
+            .all(|p| !p.host_ports.iter().any(|port| wanted.contains(port)));
+        by_selector && by_affinity && by_anti_affinity && by_ports
     };
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let score = |node: &NodeView| -> (i64, usize) {
@@ -182,8 +207,8 @@ pub(crate) fn pick(pod: &Pod, nodes: &[NodeView], placed: &[Placed]) -> Result<S
         .map(|n| n.name.clone())
         .ok_or_else(|| {
             format!(
-                "0/{} nodes are available for pod {}: node selector, node affinity or pod \
-                 anti-affinity rule out every node",
+                "0/{} nodes are available for pod {}: node selector, node affinity, pod \
+                 anti-affinity or host ports rule out every node",
                 nodes.len(),
                 pod.metadata.name.as_deref().unwrap_or_default()
             )
@@ -223,6 +248,7 @@ mod tests {
             node: node.into(),
             namespace: "ns".into(),
             labels: BTreeMap::from([("app".to_string(), "x".to_string())]),
+            host_ports: Vec::new(),
         }
     }
 
@@ -258,5 +284,25 @@ mod tests {
             pick(&preferred, &nodes(), &[placed("a"), placed("b")]),
             Ok("a".into())
         );
+    }
+
+    #[test]
+    fn host_network_pods_take_their_ports_on_the_node() {
+        let p = pod(json!({"hostNetwork": true, "containers": [
+            {"name": "c", "ports": [{"containerPort": 22012}]}]}));
+        assert_eq!(host_ports(&p), [22012]);
+        let holder = Placed {
+            host_ports: vec![22012],
+            ..placed("a")
+        };
+        assert_eq!(pick(&p, &nodes(), std::slice::from_ref(&holder)), Ok("b".into()));
+        let other = Placed {
+            host_ports: vec![22012],
+            ..placed("b")
+        };
+        assert!(pick(&p, &nodes(), &[holder, other]).is_err());
+        let own_network = pod(json!({"containers": [
+            {"name": "c", "ports": [{"containerPort": 22012}]}]}));
+        assert!(host_ports(&own_network).is_empty());
     }
 }
