@@ -1564,8 +1564,11 @@ async fn pd_hub_pod_with_two_more_drivers_rolls_over() {
 /// drivers.yaml giving PD the Lease namespace of its sidecar, the `--config` patch, and the
 /// Role and RoleBinding on Leases in that namespace that the same section asks for.
 fn pool_as_documented(lease_namespace: &str) -> Vec<Value> {
-    let dir = tempfile::tempdir().expect("a directory for the kustomization");
-    let overlay = repo().join("deploy/overlays/controller-pool");
+    // Inside the checkout (kustomize takes only relative resources): .work/<temporary>.
+    std::fs::create_dir_all(repo().join(".work")).expect(".work");
+    let dir =
+        tempfile::tempdir_in(repo().join(".work")).expect("a directory for the kustomization");
+    let overlay = "../../deploy/overlays/controller-pool";
     std::fs::write(
         dir.path().join("drivers.yaml"),
         format!(
@@ -1586,7 +1589,7 @@ fn pool_as_documented(lease_namespace: &str) -> Vec<Value> {
              value: {{name: drivers, mountPath: /etc/attacher-hub, readOnly: true}}\n      \
              - op: add\n        path: /spec/template/spec/volumes/-\n        \
              value: {{name: drivers, configMap: {{name: attacher-hub-drivers}}}}\n",
-            overlay.display()
+            overlay
         ),
     )
     .expect("write kustomization.yaml");
@@ -1612,12 +1615,12 @@ fn pool_as_documented(lease_namespace: &str) -> Vec<Value> {
     objects
 }
 
-/// Waits until the Lease of `driver` in `ns` is held by a holder starting with `prefix`.
+/// Waits until the Lease of `driver` in `ns` is held by a holder `who` accepts (`what` says
+/// whom, for the error).
 async fn wait_holder(
     client: &Client,
-    ns: &str,
-    driver: &str,
-    prefix: &str,
+    (ns, driver): (&str, &str),
+    (what, who): (&str, &dyn Fn(&str) -> bool),
     timeout: Duration,
 ) -> Result<String, String> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
@@ -1634,12 +1637,12 @@ async fn wait_holder(
             .flatten()
             .and_then(|l| l.spec?.holder_identity)
             .unwrap_or_default();
-        if holder.starts_with(prefix) {
+        if who(&holder) {
             return Ok(holder);
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{ns}/{name} not held by {prefix}* within {timeout:?} (holder {holder:?})"
+                "{ns}/{name} not held by {what} within {timeout:?} (holder {holder:?})"
             ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1681,19 +1684,19 @@ async fn pd_migrates_to_the_controller_pool_and_back_as_documented() {
         PodRunner::start(&pd_ns, &[("pool-node-a", &POOL), ("pool-node-b", &POOL)]).await;
     runner.also_run(&hub_ns);
     let began = std::time::SystemTime::now();
+    // PD's controller runs on the host network, so its Go sidecar's identity is the host name:
+    // the node's.
+    let nodes: Vec<String> = runner.nodes().iter().map(|n| n.name.clone()).collect();
+    let is_sidecar = |h: &str| nodes.iter().any(|n| n == h);
+    let sidecar: (&str, &dyn Fn(&str) -> bool) = ("PD's Go sidecar", &is_sidecar);
+    let is_hub = |h: &str| h.starts_with("attacher-hub-node-");
+    let hub_pod: (&str, &dyn Fn(&str) -> bool) = ("a hub pod", &is_hub);
 
     let outcome = async {
         apply(&vendor);
         let pd = "deployment/csi-gce-pd-controller";
         wait_rolled_out(&client, &pd_ns, pd, 1, Duration::from_secs(120)).await?;
-        wait_holder(
-            &client,
-            &pd_ns,
-            PD,
-            "csi-gce-pd-controller-",
-            Duration::from_secs(60),
-        )
-        .await?;
+        wait_holder(&client, (&pd_ns, PD), sidecar, Duration::from_secs(60)).await?;
         volume_node(&client, VOLUME_NODE, &[PD]).await;
         let (attached, attach_watch) = watch_attached(&client);
         let (detached, detach_watch) = watch_detached(&client);
@@ -1737,28 +1740,14 @@ async fn pd_migrates_to_the_controller_pool_and_back_as_documented() {
             // Step 4: the controller without its attacher, its socket exported.
             apply(&exported);
             wait_rolled_out(&client, &pd_ns, pd, 1, Duration::from_secs(120)).await?;
-            let hub = wait_holder(
-                &client,
-                &pd_ns,
-                PD,
-                "attacher-hub-node-",
-                Duration::from_secs(60),
-            )
-            .await?;
+            let hub = wait_holder(&client, (&pd_ns, PD), hub_pod, Duration::from_secs(60)).await?;
             eprintln!("migration: {hub} leads PD in {pd_ns}");
             tokio::time::sleep(Duration::from_secs(5)).await;
             // And back: the vendor's manifests as they were.
             apply(&vendor);
             wait_rolled_out(&client, &pd_ns, pd, 1, Duration::from_secs(120)).await?;
-            let sidecar = wait_holder(
-                &client,
-                &pd_ns,
-                PD,
-                "csi-gce-pd-controller-",
-                Duration::from_secs(60),
-            )
-            .await?;
-            eprintln!("migration: {sidecar} leads PD in {pd_ns} again");
+            let back = wait_holder(&client, (&pd_ns, PD), sidecar, Duration::from_secs(60)).await?;
+            eprintln!("migration: {back} leads PD in {pd_ns} again");
             tokio::time::sleep(Duration::from_secs(5)).await;
             Ok::<(), String>(())
         };

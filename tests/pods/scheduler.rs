@@ -295,7 +295,10 @@ mod tests {
             host_ports: vec![22012],
             ..placed("a")
         };
-        assert_eq!(pick(&p, &nodes(), std::slice::from_ref(&holder)), Ok("b".into()));
+        assert_eq!(
+            pick(&p, &nodes(), std::slice::from_ref(&holder)),
+            Ok("b".into())
+        );
         let other = Placed {
             host_ports: vec![22012],
             ..placed("b")
