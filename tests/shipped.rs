@@ -1893,3 +1893,50 @@ async fn poll_leaders(
         }
     }
 }
+
+#[test]
+fn the_rollout_report_gives_medians_worst_and_ratios_to_go() {
+    let rollout = |gap_ms: u64, p99_ms: u64, refused: usize| Rollout {
+        seconds: 10.0,
+        made: 12,
+        p99: Duration::from_millis(p99_ms),
+        max: Duration::from_millis(p99_ms),
+        gaps: BTreeMap::from([("l".to_string(), Duration::from_millis(gap_ms))]),
+        overlaps: Vec::new(),
+        missing: Vec::new(),
+        not_detached: Vec::new(),
+        refused: vec!["create events".to_string(); refused],
+    };
+    let runs = BTreeMap::from([
+        (
+            "hub",
+            vec![
+                rollout(100, 200, 0),
+                rollout(300, 400, 0),
+                rollout(200, 900, 0),
+            ],
+        ),
+        (
+            "Go",
+            vec![
+                rollout(8000, 20000, 1),
+                rollout(9000, 18000, 1),
+                rollout(10000, 22000, 1),
+            ],
+        ),
+    ]);
+    let report = rollout_report(&runs);
+    assert!(
+        report.contains("| hub | 3 | 0.20 / 0.30 | 0.40 / 0.90 | 0 / 0 / 0 / 0 |"),
+        "{report}"
+    );
+    assert!(
+        report.contains("| Go | 3 | 9.00 / 10.00 | 20.00 / 22.00 | 0 / 0 / 0 / 3 |"),
+        "{report}"
+    );
+    assert!(
+        report
+            .contains("hub against the Go sidecar (medians): leaderless 0.022x, attach p99 0.020x"),
+        "{report}"
+    );
+}
