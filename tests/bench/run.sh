@@ -27,9 +27,15 @@ dir=${BENCH_CLUSTER_DIR:-$repo/.work/bench-cluster}
 profile=${BENCH_PROFILE:---release}
 target=${CARGO_TARGET_DIR:-$repo/target}
 
-# Build first, so that compiling does not compete with the measurements (the mock driver
-# too: the benchmark would otherwise build it while it measures the API server's write rate).
-cargo test $profile --test bench --test bench_e2e --test shipped --no-run
+# Build first (only the benchmarks that run), so that compiling does not compete with the
+# measurements (the mock driver too: the benchmark would otherwise build it while it measures
+# the API server's write rate).
+if [ "${BENCH_ROLLOUT_ONLY:-0}" = 1 ]; then BENCH_E2E=0 BENCH_E2E_ONLY=1; fi
+targets=()
+[ "${BENCH_E2E_ONLY:-0}" != 1 ] && targets+=(--test bench)
+[ "${BENCH_E2E:-1}" != 0 ] && targets+=(--test bench_e2e)
+[ "${BENCH_ROLLOUT:-1}" != 0 ] && targets+=(--test shipped)
+cargo test $profile "${targets[@]}" --no-run
 cargo build $profile --quiet --package mock-csi-driver --bin mock-csi-driver
 
 # A fresh control plane: whatever an earlier run left is thrown away.
@@ -39,8 +45,6 @@ trap 'scripts/cluster-down.sh "$dir" >/dev/null 2>&1 || true' EXIT
 scripts/cluster-up.sh "$dir" >/dev/null
 # shellcheck disable=SC1091
 . "$dir/env"
-
-if [ "${BENCH_ROLLOUT_ONLY:-0}" = 1 ]; then BENCH_E2E=0 BENCH_E2E_ONLY=1; fi
 
 if [ "${BENCH_E2E_ONLY:-0}" != 1 ]; then
   t0=$(date +%s)
