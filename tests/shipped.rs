@@ -1738,10 +1738,31 @@ async fn pd_migrates_to_the_controller_pool_and_back_as_documented() {
             .await?;
             tokio::time::sleep(Duration::from_secs(3)).await;
             // Step 4: the controller without its attacher, its socket exported.
+            // Step 3 as migration.md checks it, once a hub pod finds the exported socket: PD
+            // `standby` in /drivers (what `attacher-hub status` prints) with the sidecar as
+            // holder, until the sidecar's Lease expires and the hub leads.
             apply(&exported);
-            wait_rolled_out(&client, &pd_ns, pd, 1, Duration::from_secs(120)).await?;
-            let hub = wait_holder(&client, (&pd_ns, PD), hub_pod, Duration::from_secs(60)).await?;
-            eprintln!("migration: {hub} leads PD in {pd_ns}");
+            let (seen_tx, seen_rx) = tokio::sync::watch::channel(false);
+            let sampler = drivers_states(&runner, &hub_ns, seen_rx);
+            let handover = async {
+                wait_rolled_out(&client, &pd_ns, pd, 1, Duration::from_secs(120)).await?;
+                let hub =
+                    wait_holder(&client, (&pd_ns, PD), hub_pod, Duration::from_secs(60)).await;
+                let _ = seen_tx.send(true);
+                hub
+            };
+            let (hub, states) = tokio::join!(handover, sampler);
+            let hub = hub?;
+            eprintln!("migration: {hub} leads PD in {pd_ns}; the hub's states before: {states:?}");
+            if !states
+                .iter()
+                .any(|(state, holder)| state == "standby" && nodes.contains(holder))
+            {
+                return Err(format!(
+                    "step 3: no hub pod showed PD standby behind its sidecar before leading: \
+                     {states:?}"
+                ));
+            }
             tokio::time::sleep(Duration::from_secs(5)).await;
             // And back: the vendor's manifests as they were.
             apply(&vendor);
@@ -1939,4 +1960,41 @@ fn the_rollout_report_gives_medians_worst_and_ratios_to_go() {
             .contains("hub against the Go sidecar (medians): leaderless 0.022x, attach p99 0.020x"),
         "{report}"
     );
+}
+
+/// PD's (state, Lease holder) in the `/drivers` of every hub pod of `ns`, sampled until
+/// `stopped`, each distinct pair once in the order first seen.
+async fn drivers_states(
+    runner: &PodRunner,
+    ns: &str,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> Vec<(String, String)> {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    loop {
+        for pod in runner.pods_in(ns, "app.kubernetes.io/component=node").await {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let Ok((200, body)) = runner.http_get(&name, 8080, "/drivers").await else {
+                continue;
+            };
+            let doc: Value = serde_json::from_str(&body).unwrap_or_default();
+            for d in doc.as_array().into_iter().flatten() {
+                if d["name"] == PD {
+                    let pair = (
+                        d["state"]["state"].as_str().unwrap_or_default().to_string(),
+                        d["leaseHolder"].as_str().unwrap_or_default().to_string(),
+                    );
+                    if !seen.contains(&pair) {
+                        seen.push(pair);
+                    }
+                }
+            }
+        }
+        if *stopped.borrow() {
+            return seen;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = stopped.changed() => {}
+        }
+    }
 }
