@@ -369,4 +369,18 @@ impl Controller for FakeCsi {
     ) -> Reply<proto::ControllerGetVolumeResponse> {
         Err(Status::unimplemented("ControllerGetVolume"))
     }
+
+    async fn controller_list_volume_health(
+        &self,
+        _: Request<proto::ControllerListVolumeHealthRequest>,
+    ) -> Reply<proto::ControllerListVolumeHealthResponse> {
+        Err(Status::unimplemented("ControllerListVolumeHealth"))
+    }
+
+    async fn controller_get_volume_health(
+        &self,
+        _: Request<proto::ControllerGetVolumeHealthRequest>,
+    ) -> Reply<proto::ControllerGetVolumeHealthResponse> {
+        Err(Status::unimplemented("ControllerGetVolumeHealth"))
+    }
 }
