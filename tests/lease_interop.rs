@@ -1,5 +1,5 @@
 //! Lease interop of the attacher-hub *binary* with the reference Go
-//! external-attacher (v4.12, client-go leader election), both started with
+//! external-attacher (v4.13, client-go leader election), both started with
 //! `--leader-election` for the same driver against the real kube-apiserver
 //! and the Go mock CSI driver (issue 4, "Lease interop").
 //!

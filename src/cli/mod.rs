@@ -1,4 +1,4 @@
-//! Command line: every external-attacher v4.12 flag, parsed exactly as Go's `flag` package does
+//! Command line: every external-attacher v4.13 flag, parsed exactly as Go's `flag` package does
 //! (see [`goflag`] for the rules, and why this is not clap).
 //!
 //! The parts: [`args`] (what a command line gives), [`goflag`] (the parser), [`flags`] (the
