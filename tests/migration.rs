@@ -338,6 +338,7 @@ async fn migration_to_one_hub_and_back_as_documented() {
         .create(
             &PostParams::default(),
             &k8s_openapi::api::storage::v1::CSINode {
+                status: None,
                 metadata: ObjectMeta {
                     name: Some(node.clone()),
                     ..ObjectMeta::default()

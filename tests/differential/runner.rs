@@ -750,6 +750,7 @@ async fn create(ctx: &ScenarioCtx<'_>, obj: &Obj, created: &mut Created) -> Resu
                 }
             };
             let csinode = CSINode {
+                status: None,
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
                     ..ObjectMeta::default()
