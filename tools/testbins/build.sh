@@ -65,7 +65,7 @@ mkdir -p "$tmp"
 started=$(date +%s)
 src=$here
 if [ -n "$profile" ]; then
-  default=$(env -u TESTBINS_PROFILE "$here/build.sh" | tail -n 1)
+  default=$(env -u TESTBINS_PROFILE -u ATTACHER_TESTBINS "$here/build.sh" | tail -n 1)
   src=$out.src
   rm -rf "$src"
   mkdir -p "$src"
