@@ -970,8 +970,6 @@ struct TermOutcome {
     /// The Lease was vacated: a read showed no holder, or the standby held it before the
     /// stopped leader's last renewal could have expired.
     vacated: bool,
-    /// From the signal until the standby held the Lease.
-    handed_over: Duration,
     /// The stopped leader's exit code (`None`: ended by the signal).
     exit_code: Option<i32>,
 }
@@ -980,7 +978,9 @@ struct TermOutcome {
 /// SIGTERM to the leader; the Lease is watched until the standby holds it.
 async fn sigterm_of_leader(cluster: &Cluster, leader: Kind, gate: bool) -> TermOutcome {
     let timing = Timing::FAST_RETRY;
-    let flags = [format!("--feature-gates=ReleaseLeaderElectionOnExit={gate}")];
+    let flags = [format!(
+        "--feature-gates=ReleaseLeaderElectionOnExit={gate}"
+    )];
     let (_client, leases, mock, objects, lease) = setup(cluster, 1).await;
     let go = || Candidate::go_with(cluster, &mock, timing, &flags);
     let hub = || Candidate::hub_with(cluster, &mock, timing, &flags);
@@ -1011,12 +1011,12 @@ async fn sigterm_of_leader(cluster: &Cluster, leader: Kind, gate: bool) -> TermO
     let status = first.process.stop().await;
     let outcome = TermOutcome {
         vacated: seen_vacant || handed_over < timing.kill_floor(),
-        handed_over,
         exit_code: status.and_then(|s| s.code()),
     };
     println!(
-        "SIGTERM of the {leader:?} leader, ReleaseLeaderElectionOnExit={gate}: {outcome:?} \
-         (vacant Lease seen: {seen_vacant}; the old Lease could not expire before {:?})",
+        "SIGTERM of the {leader:?} leader, ReleaseLeaderElectionOnExit={gate}: {outcome:?}, \
+         the standby held the Lease after {handed_over:?} (vacant Lease seen: {seen_vacant}; \
+         the old Lease could not expire before {:?})",
         timing.kill_floor()
     );
     objects.delete().await;
@@ -1037,11 +1037,23 @@ async fn sigterm_hand_over_with_release_leader_election_on_exit_off_and_on() {
     let hub_on = sigterm_of_leader(cluster, Kind::Hub, true).await;
 
     // Gate on: the same outcome from both, the Lease vacated for the standby.
-    assert!(go_on.vacated, "Go with the gate on kept its Lease: {go_on:?}");
-    assert!(hub_on.vacated, "the hub with the gate on kept its Lease: {hub_on:?}");
+    assert!(
+        go_on.vacated,
+        "Go with the gate on kept its Lease: {go_on:?}"
+    );
+    assert!(
+        hub_on.vacated,
+        "the hub with the gate on kept its Lease: {hub_on:?}"
+    );
     // Gate off (the default): Go keeps the Lease until it expires; the hub vacates it.
-    assert!(!go_off.vacated, "Go with the gate off vacated its Lease: {go_off:?}");
-    assert!(hub_off.vacated, "the hub with the gate off kept its Lease: {hub_off:?}");
+    assert!(
+        !go_off.vacated,
+        "Go with the gate off vacated its Lease: {go_off:?}"
+    );
+    assert!(
+        hub_off.vacated,
+        "the hub with the gate off kept its Lease: {hub_off:?}"
+    );
     // The hub ends with 0 either way; Go without the gate is ended by the signal itself.
     assert_eq!(hub_off.exit_code, Some(0), "{hub_off:?}");
     assert_eq!(hub_on.exit_code, Some(0), "{hub_on:?}");

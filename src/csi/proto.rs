@@ -144,12 +144,7 @@ mod tests {
                     ..Default::default()
                 }
             ),
-            format!(
-                "{:?}",
-                NodeGetStorageHealthRequest {
-                    secrets: secrets()
-                }
-            ),
+            format!("{:?}", NodeGetStorageHealthRequest { secrets: secrets() }),
         ];
         for p in &printed {
             assert!(!p.contains(SECRET), "secret leaked: {p}");
