@@ -326,7 +326,6 @@ impl Controller for FakeCsi {
                 }),
                 status: Some(VolumeStatus {
                     published_node_ids: nodes.clone(),
-                    ..VolumeStatus::default()
                 }),
             })
             .collect();
