@@ -7,6 +7,8 @@
 #   make cluster-up    start etcd + kube-apiserver (last line: admin kubeconfig path)
 #   make cluster-down  stop them
 #   make bench         one attacher-hub against a fleet of Go external-attachers (report in target/bench-report.md)
+#   make compat        the API-server integration tests against Kubernetes 1.36 and 1.38's beta
+#                      (their tools built and cached like testbins; results in docs/compat.md)
 #   make faults        the fault matrix and regression tests on a control plane of their own
 #                      (root for the black-hole scenarios; results in target/faults/; docs/reliability.md)
 #   make image         build the container image with buildah (FROM scratch, nothing pulled)
@@ -16,7 +18,7 @@ CLUSTER_DIR ?= .work/cluster
 # The fault suite's own control plane (its scenarios kill etcd and the API server).
 FAULTS_CLUSTER_DIR ?= .work/faults-cluster
 
-.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench faults image
+.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench faults image compat
 
 demo:
 	@scripts/demo.sh --cluster-dir $(CLUSTER_DIR) $(DEMO_ARGS)
@@ -50,6 +52,11 @@ bench:
 
 faults:
 	@scripts/faults.sh $(FAULTS_CLUSTER_DIR)
+
+# COMPAT_PROFILES: tools/testbins/compat/<name> (and `current`); COMPAT_TESTS: test binaries.
+COMPAT_PROFILES ?= v1.36 v1.38
+compat:
+	@scripts/compat.sh $(COMPAT_PROFILES)
 
 image:
 	@scripts/build-image.sh $(IMAGE_ARGS)

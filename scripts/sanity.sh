@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs csi-sanity v5.4.0 against the project's mock CSI driver.
+# Runs csi-sanity v5.6.0 against the project's mock CSI driver.
 #
 #   scripts/sanity.sh [extra csi-sanity flags, e.g. -ginkgo.focus=ListVolumes]
 #

@@ -97,6 +97,9 @@ struct State {
     fail_next: usize,
     /// How long each answer takes (the round trip of a real server).
     latency: std::time::Duration,
+    /// Before this many of the next PUTs, store the object again unchanged under a new
+    /// `resourceVersion`: a write the client did not see, so that the PUT conflicts.
+    unseen_writes: usize,
     log: Vec<Logged>,
 }
 
@@ -196,6 +199,11 @@ impl FakeApi {
     /// Takes `latency` to answer each request from now on.
     pub(crate) fn set_latency(&self, latency: std::time::Duration) {
         self.state().latency = latency;
+    }
+
+    /// Makes each of the next `n` PUTs meet a write it did not see (answered 409 Conflict).
+    pub(crate) fn unseen_write_before_next_puts(&self, n: usize) {
+        self.state().unseen_writes = n;
     }
 
     /// How many of the requests to fail are left.
@@ -341,9 +349,13 @@ impl State {
                 (StatusCode::CREATED, self.store(key, obj))
             }
             Method::PUT => {
-                let Some(current) = current else {
+                let Some(mut current) = current else {
                     return not_found();
                 };
+                if self.unseen_writes > 0 {
+                    self.unseen_writes -= 1;
+                    current = self.write(key.clone(), current);
+                }
                 let obj = body.unwrap_or_default();
                 if obj["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
                     return status(

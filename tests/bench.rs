@@ -1,5 +1,5 @@
 //! Benchmark: N drivers served by one attacher-hub against the same N drivers
-//! served by N Go external-attacher v4.12.0 sidecars (the fleet it replaces).
+//! served by N Go external-attacher v4.13.0 sidecars (the fleet it replaces).
 //!
 //! Not part of `cargo test` (ignored); `make bench` builds it in release mode,
 //! starts a fresh control plane (`tests/bench/run.sh`), runs it and prints a

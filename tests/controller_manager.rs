@@ -491,7 +491,7 @@ async fn migrated_in_tree_pd_volumes_attach_the_right_disks_in_sidecar_and_hub_m
     migrated_volumes_attach(Attacher::Hub).await;
 }
 
-/// external-provisioner v5.3.0 for the driver at `socket`, as the admin.
+/// external-provisioner v6.4.0 for the driver at `socket`, as the admin.
 fn start_provisioner(cluster: &Cluster, socket: &std::path::Path) -> ChildProcess {
     let mut cmd = Command::new(cluster.bin("csi-provisioner"));
     cmd.arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))

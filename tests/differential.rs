@@ -1,5 +1,5 @@
 //! Differential test (issue 4, "Done when"): one scenario table, run once
-//! with the reference Go csi-attacher v4.12 and once with attacher-hub in
+//! with the reference Go csi-attacher v4.13 and once with attacher-hub in
 //! sidecar mode, against the real API server and the same Rust mock CSI
 //! driver, with the same flags (`--timeout=2s --retry-interval-start=200ms
 //! --retry-interval-max=2s`, `--reconcile-sync=2s` for the reconciler batch).

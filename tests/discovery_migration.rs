@@ -1,5 +1,5 @@
 //! `docs/migration.md` for topology (b), a controller node pool in discovery mode, against the
-//! real Go external-attacher v4.12.0, the real API server and the Go mock CSI driver.
+//! real Go external-attacher v4.13.0, the real API server and the Go mock CSI driver.
 //!
 //! The driver's sidecar elects in the vendor's namespace (`--leader-election-namespace`); the
 //! hub runs in a namespace of its own, finds the driver's exported socket with

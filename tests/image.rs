@@ -563,6 +563,7 @@ async fn image_built_here_runs_as_the_manifests_run_it() {
         .create(
             &PostParams::default(),
             &CSINode {
+                status: None,
                 metadata: ObjectMeta {
                     name: Some(node.clone()),
                     ..ObjectMeta::default()

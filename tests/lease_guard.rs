@@ -1,4 +1,4 @@
-//! The cross-namespace Lease guard against the real Go external-attacher (v4.12.0), the real
+//! The cross-namespace Lease guard against the real Go external-attacher (v4.13.0), the real
 //! API server and the Go mock CSI driver (`leader::guard`).
 //!
 //! * `a_go_sidecar_leading_in_another_namespace_keeps_the_hub_from_leading`: the Go sidecar
@@ -7,7 +7,7 @@
 //!   sidecar attaches, and says why in `/drivers` (state `blocked`, the namespace and the
 //!   holder), in `attacher-hub status`, in `attacher_hub_lease_guard_blocked` and in a log line
 //!   naming the namespace, the holder and the fix. The sidecar stops (without releasing its
-//!   Lease, as v4.12 does by default): the hub leads once the Lease has expired and attaches.
+//!   Lease, as v4.13 does by default): the hub leads once the Lease has expired and attaches.
 //!   A sidecar started again in the other namespace while the hub leads makes the hub step
 //!   down. A monitor samples both processes all along: the two never both lead for longer
 //!   than the time the hub needs to see a renewal of a sidecar that started leading without
@@ -324,7 +324,7 @@ async fn a_go_sidecar_leading_in_another_namespace_keeps_the_hub_from_leading() 
     );
     assert_ne!(h.leads(&driver).await, Some(true));
 
-    // 4. The sidecar stops (SIGTERM; v4.12 keeps its Lease): once the Lease has expired the
+    // 4. The sidecar stops (SIGTERM; v4.13 keeps its Lease): once the Lease has expired the
     //    hub leads, in its own namespace, and attaches.
     go_port.store(0, Ordering::Relaxed);
     go.signal("-TERM");

@@ -1,5 +1,5 @@
 //! Lease interop of the attacher-hub *binary* with the reference Go
-//! external-attacher (v4.12, client-go leader election), both started with
+//! external-attacher (v4.13, client-go leader election), both started with
 //! `--leader-election` for the same driver against the real kube-apiserver
 //! and the Go mock CSI driver (issue 4, "Lease interop").
 //!
@@ -15,6 +15,10 @@
 //!   attacher takes over in under 2 s, and the hub exits 0 promptly.
 //! * `/healthz/leader-election` of the hub answers 200 `ok` while standby and
 //!   while leading.
+//! * SIGTERM of the leader with `--feature-gates=ReleaseLeaderElectionOnExit`
+//!   off and on, each program leading in turn: with the gate on both vacate
+//!   the Lease; with it off Go keeps it until it expires and the hub still
+//!   vacates it (the difference `docs/differences.md` lists under SIGTERM).
 //!
 //! Both programs take their holder identity from the host name (Go:
 //! `os.Hostname()`, the hub: `leader::default_identity`), and neither has a
@@ -140,9 +144,14 @@ struct Candidate {
 impl Candidate {
     /// The reference Go external-attacher with the attacher identity kubeconfig.
     fn go(cluster: &Cluster, mock: &MockCsi, timing: Timing) -> Candidate {
+        Candidate::go_with(cluster, mock, timing, &[])
+    }
+
+    /// [`Candidate::go`] with `extra` flags after the others.
+    fn go_with(cluster: &Cluster, mock: &MockCsi, timing: Timing, extra: &[String]) -> Candidate {
         let identity = unique_name("go");
         let port = free_port();
-        let args = vec![
+        let mut args = vec![
             format!("--kubeconfig={}", cluster.attacher_kubeconfig.display()),
             format!("--csi-address={}", mock.socket().display()),
             "--kube-api-qps=100".into(),
@@ -166,6 +175,7 @@ impl Candidate {
             // V(4) shows client-go's "lock is held by … and has not yet expired".
             "--v=5".into(),
         ];
+        args.extend_from_slice(extra);
         let cmd = under_hostname(&identity, &cluster.bin("csi-attacher"), &args);
         Candidate {
             kind: Kind::Go,
@@ -177,9 +187,14 @@ impl Candidate {
 
     /// The attacher-hub binary with the Go attacher's flags.
     fn hub(cluster: &Cluster, mock: &MockCsi, timing: Timing) -> Candidate {
+        Candidate::hub_with(cluster, mock, timing, &[])
+    }
+
+    /// [`Candidate::hub`] with `extra` flags after the others.
+    fn hub_with(cluster: &Cluster, mock: &MockCsi, timing: Timing, extra: &[String]) -> Candidate {
         let identity = unique_name("hub");
         let port = free_port();
-        let args = vec![
+        let mut args = vec![
             "--kubeconfig".into(),
             cluster.attacher_kubeconfig.display().to_string(),
             "--csi-address".into(),
@@ -203,6 +218,7 @@ impl Candidate {
             format!("127.0.0.1:{port}"),
             "-v=3".into(),
         ];
+        args.extend_from_slice(extra);
         let program = PathBuf::from(env!("CARGO_BIN_EXE_attacher-hub"));
         let cmd = under_hostname(&identity, &program, &args);
         Candidate {
@@ -946,4 +962,100 @@ async fn graceful_stop_of_hub_hands_over_to_go_quickly() {
     go.assert_running();
     go.process.stop().await;
     let _ = leases.delete(&lease, &Default::default()).await;
+}
+
+/// What a SIGTERM of the leader did.
+#[derive(Debug)]
+struct TermOutcome {
+    /// The Lease was vacated: a read showed no holder, or the standby held it before the
+    /// stopped leader's last renewal could have expired.
+    vacated: bool,
+    /// The stopped leader's exit code (`None`: ended by the signal).
+    exit_code: Option<i32>,
+}
+
+/// `leader` leads, the other program waits, both with `--feature-gates=ReleaseLeaderElectionOnExit=<gate>`;
+/// SIGTERM to the leader; the Lease is watched until the standby holds it.
+async fn sigterm_of_leader(cluster: &Cluster, leader: Kind, gate: bool) -> TermOutcome {
+    let timing = Timing::FAST_RETRY;
+    let flags = [format!(
+        "--feature-gates=ReleaseLeaderElectionOnExit={gate}"
+    )];
+    let (_client, leases, mock, objects, lease) = setup(cluster, 1).await;
+    let go = || Candidate::go_with(cluster, &mock, timing, &flags);
+    let hub = || Candidate::hub_with(cluster, &mock, timing, &flags);
+    let (mut first, mut second) = match leader {
+        Kind::Go => start_pair(&leases, &lease, go(), hub).await,
+        Kind::Hub => start_pair(&leases, &lease, hub(), go).await,
+    };
+    // A renewal or two of the leader with the standby waiting.
+    tokio::time::sleep(timing.lease).await;
+    first.assert_running();
+    second.assert_running();
+
+    let signalled = Instant::now();
+    first.signal("-TERM");
+    let mut seen_vacant = false;
+    let handed_over = loop {
+        let h = holder(&leases, &lease).await;
+        if h.as_deref() == Some(second.identity.as_str()) {
+            break signalled.elapsed();
+        }
+        seen_vacant |= h.as_deref() == Some("");
+        assert!(
+            signalled.elapsed() < Duration::from_secs(30),
+            "Lease held by {h:?} 30 s after SIGTERM to the {leader:?} leader"
+        );
+        tokio::time::sleep(POLL).await;
+    };
+    let status = first.process.stop().await;
+    let outcome = TermOutcome {
+        vacated: seen_vacant || handed_over < timing.kill_floor(),
+        exit_code: status.and_then(|s| s.code()),
+    };
+    println!(
+        "SIGTERM of the {leader:?} leader, ReleaseLeaderElectionOnExit={gate}: {outcome:?}, \
+         the standby held the Lease after {handed_over:?} (vacant Lease seen: {seen_vacant}; \
+         the old Lease could not expire before {:?})",
+        timing.kill_floor()
+    );
+    objects.delete().await;
+    second.process.stop().await;
+    let _ = leases.delete(&lease, &Default::default()).await;
+    outcome
+}
+
+/// The Lease hand-over on SIGTERM with the reference's `ReleaseLeaderElectionOnExit` gate off
+/// and on, each program leading in turn against the other as standby. The reference vacates
+/// its Lease only with the gate on; attacher-hub accepts the gate and vacates either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hand_over_with_release_leader_election_on_exit_off_and_on() {
+    let cluster = Cluster::get();
+    let go_off = sigterm_of_leader(cluster, Kind::Go, false).await;
+    let hub_off = sigterm_of_leader(cluster, Kind::Hub, false).await;
+    let go_on = sigterm_of_leader(cluster, Kind::Go, true).await;
+    let hub_on = sigterm_of_leader(cluster, Kind::Hub, true).await;
+
+    // Gate on: the same outcome from both, the Lease vacated for the standby.
+    assert!(
+        go_on.vacated,
+        "Go with the gate on kept its Lease: {go_on:?}"
+    );
+    assert!(
+        hub_on.vacated,
+        "the hub with the gate on kept its Lease: {hub_on:?}"
+    );
+    // Gate off (the default): Go keeps the Lease until it expires; the hub vacates it.
+    assert!(
+        !go_off.vacated,
+        "Go with the gate off vacated its Lease: {go_off:?}"
+    );
+    assert!(
+        hub_off.vacated,
+        "the hub with the gate off kept its Lease: {hub_off:?}"
+    );
+    // The hub ends with 0 either way; Go without the gate is ended by the signal itself.
+    assert_eq!(hub_off.exit_code, Some(0), "{hub_off:?}");
+    assert_eq!(hub_on.exit_code, Some(0), "{hub_on:?}");
+    assert_eq!(go_off.exit_code, None, "{go_off:?}");
 }

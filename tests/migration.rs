@@ -1,4 +1,4 @@
-//! `docs/migration.md`, step by step, against the real Go external-attacher v4.12.0, the real
+//! `docs/migration.md`, step by step, against the real Go external-attacher v4.13.0, the real
 //! API server and the Go mock CSI driver: two drivers, each with its sidecar electing in a
 //! namespace of its own (one by `--leader-election-namespace`, one by its pod's namespace,
 //! `POD_NAMESPACE`), volumes attached; then to one attacher-hub (in a third namespace, as an
@@ -7,7 +7,7 @@
 //! The steps use the commands the document names: `kubectl get lease -A` to find each driver's
 //! Lease namespace (drivers.yaml is written from its output), `attacher-hub status -o json` to
 //! see the hub stand by behind the sidecars, then lead. Sidecars stop as a removed container
-//! does (SIGTERM, Lease kept, as v4.12 does); the way back removes one driver from
+//! does (SIGTERM, Lease kept, as v4.13 does); the way back removes one driver from
 //! drivers.yaml (SIGHUP) and stops the hub for the other.
 //!
 //! A monitor samples, every ~100 ms, each driver's two attachers (the hub's `/drivers`, the
@@ -108,7 +108,7 @@ impl Driver {
         self.sidecar = Some(go);
     }
 
-    /// Stops the sidecar as removing its container does: SIGTERM; v4.12 keeps its Lease.
+    /// Stops the sidecar as removing its container does: SIGTERM; v4.13 keeps its Lease.
     async fn stop_sidecar(&mut self) {
         let mut go = self.sidecar.take().expect("a running sidecar");
         self.sidecar_port.store(0, Ordering::Relaxed);
@@ -338,6 +338,7 @@ async fn migration_to_one_hub_and_back_as_documented() {
         .create(
             &PostParams::default(),
             &k8s_openapi::api::storage::v1::CSINode {
+                status: None,
                 metadata: ObjectMeta {
                     name: Some(node.clone()),
                     ..ObjectMeta::default()

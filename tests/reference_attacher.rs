@@ -1,4 +1,4 @@
-//! The reference Go external-attacher (v4.12.0), hosted by the harness
+//! The reference Go external-attacher (v4.13.0), hosted by the harness
 //! against the Go mock CSI driver, attaches and detaches a VolumeAttachment.
 //! Later tests run attacher-hub through the same harness.
 

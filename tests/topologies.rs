@@ -1610,6 +1610,7 @@ async fn controller_pool_end_to_end_two_nodes_one_dies() {
     create_node(&client, &node).await;
     // One CSINode entry per driver, as the node plugins would register them.
     let csinode = k8s_openapi::api::storage::v1::CSINode {
+        status: None,
         metadata: kube::api::ObjectMeta {
             name: Some(node.clone()),
             ..Default::default()

@@ -4,7 +4,7 @@
 //! the seven migratable plugins, PVs that are not in-tree, VolumeAttachment inline specs and
 //! pod inline volumes. The Go tool `translation-oracle` (tools/testbins/csi, built by
 //! `tools/testbins/build.sh` with the csi-translation-lib version of the reference
-//! external-attacher) does with each what external-attacher v4.12.0 does; this test does the
+//! external-attacher) does with each what external-attacher v4.13.0 does; this test does the
 //! same through `source::volume_source` (on the cached, lean copies of the objects) and
 //! `translation::repair_volume_handle`, and
 //! compares, byte for byte: driver, volume handle, readOnly, fsType, volume attributes, the

@@ -1,5 +1,5 @@
 //! [`Args`]: the validated command line, in groups (leader election, feature gates, logging),
-//! with external-attacher v4.12's defaults.
+//! with external-attacher v4.13's defaults.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use crate::telemetry;
 
 /// The validated command line.
 ///
-/// Field names follow the flag names; defaults are external-attacher v4.12's.
+/// Field names follow the flag names; defaults are external-attacher v4.13's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Args {
     /// `--resync`: period after which every cached object is delivered again as an update.

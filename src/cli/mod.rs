@@ -1,4 +1,4 @@
-//! Command line: every external-attacher v4.12 flag, parsed exactly as Go's `flag` package does
+//! Command line: every external-attacher v4.13 flag, parsed exactly as Go's `flag` package does
 //! (see [`goflag`] for the rules, and why this is not clap).
 //!
 //! The parts: [`args`] (what a command line gives), [`goflag`] (the parser), [`flags`] (the
@@ -508,6 +508,37 @@ pub(crate) mod tests {
             err(&["--feature-gates=ReleaseLeaderElectionOnExit=maybe"]).exit_code(),
             2
         );
+    }
+
+    /// The gates external-attacher v4.13.0 defines (`pkg/features`), each set both ways, with the
+    /// reference's defaults when unset; `AllAlpha` reaches the alpha gate only. The generic
+    /// kube-apiserver gates the Go binary also accepts (without effect) are refused here.
+    #[test]
+    fn every_gate_of_the_reference_is_accepted_with_its_default_and_stage() {
+        for value in [false, true] {
+            let a = args(&[&format!(
+                "--feature-gates=ReleaseLeaderElectionOnExit={value}"
+            )]);
+            assert_eq!(a.feature_gates.release_leader_election_on_exit, value);
+            assert!(a.feature_gates.mutable_csi_node_allocatable_count);
+            let a = args(&[&format!(
+                "--feature-gates=MutableCSINodeAllocatableCount={value}"
+            )]);
+            assert_eq!(a.feature_gates.mutable_csi_node_allocatable_count, value);
+            assert!(!a.feature_gates.release_leader_election_on_exit);
+        }
+        let a = args(&["--feature-gates=AllAlpha=false,AllBeta=false"]);
+        assert_eq!(a.feature_gates, FeatureGates::default());
+        // A GA gate is not an alpha one.
+        let a = args(&["--feature-gates=AllAlpha=true,MutableCSINodeAllocatableCount=false"]);
+        assert!(a.feature_gates.release_leader_election_on_exit);
+        assert!(!a.feature_gates.mutable_csi_node_allocatable_count);
+        let e = err(&["--feature-gates=APIResponseCompression=true"]);
+        assert_eq!(
+            e,
+            Error::UnknownFeatureGate("APIResponseCompression".to_owned())
+        );
+        assert_eq!(e.exit_code(), 1);
     }
 
     #[test]

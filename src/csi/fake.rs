@@ -326,7 +326,6 @@ impl Controller for FakeCsi {
                 }),
                 status: Some(VolumeStatus {
                     published_node_ids: nodes.clone(),
-                    ..VolumeStatus::default()
                 }),
             })
             .collect();
@@ -368,5 +367,19 @@ impl Controller for FakeCsi {
         _: Request<proto::ControllerGetVolumeRequest>,
     ) -> Reply<proto::ControllerGetVolumeResponse> {
         Err(Status::unimplemented("ControllerGetVolume"))
+    }
+
+    async fn controller_list_volume_health(
+        &self,
+        _: Request<proto::ControllerListVolumeHealthRequest>,
+    ) -> Reply<proto::ControllerListVolumeHealthResponse> {
+        Err(Status::unimplemented("ControllerListVolumeHealth"))
+    }
+
+    async fn controller_get_volume_health(
+        &self,
+        _: Request<proto::ControllerGetVolumeHealthRequest>,
+    ) -> Reply<proto::ControllerGetVolumeHealthResponse> {
+        Err(Status::unimplemented("ControllerGetVolumeHealth"))
     }
 }

@@ -56,6 +56,9 @@ redacting_debug!(ControllerUnpublishVolumeRequest { volume_id, node_id } secrets
 redacting_debug!(ValidateVolumeCapabilitiesRequest {
     volume_id, volume_context, volume_capabilities, parameters, mutable_parameters,
 } secrets: secrets);
+redacting_debug!(ControllerListVolumeHealthRequest { max_entries, starting_token } secrets: secrets);
+redacting_debug!(ControllerGetVolumeHealthRequest { volume_id } secrets: secrets);
+redacting_debug!(NodeGetStorageHealthRequest {} secrets: secrets);
 redacting_debug!(NodeStageVolumeRequest {
     volume_id, publish_context, staging_target_path, volume_capability, volume_context,
 } secrets: secrets);
@@ -127,6 +130,21 @@ mod tests {
                     ..Default::default()
                 }
             ),
+            format!(
+                "{:?}",
+                ControllerListVolumeHealthRequest {
+                    secrets: secrets(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                ControllerGetVolumeHealthRequest {
+                    secrets: secrets(),
+                    ..Default::default()
+                }
+            ),
+            format!("{:?}", NodeGetStorageHealthRequest { secrets: secrets() }),
         ];
         for p in &printed {
             assert!(!p.contains(SECRET), "secret leaked: {p}");
@@ -142,6 +160,9 @@ mod tests {
             "ValidateVolumeCapabilitiesRequest",
             "NodeStageVolumeRequest",
             "NodePublishVolumeRequest",
+            "ControllerListVolumeHealthRequest",
+            "ControllerGetVolumeHealthRequest",
+            "NodeGetStorageHealthRequest",
         ];
         let found: Vec<&str> = SECRET_BEARING_MESSAGES
             .lines()

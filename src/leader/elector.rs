@@ -739,9 +739,14 @@ impl LeaderElector {
         // that does not answer, give up quickly so a stopping process ends in time.
         let deadline = Instant::now() + self.config.renew_deadline.min(RELEASE_TIMEOUT);
         let mut result = self.update(lease, &record, deadline).await;
-        if result.as_ref().is_err_and(is_conflict) {
-            // A renewal cut short by the shutdown may have been written after all, under a
-            // resourceVersion we never saw: read the Lease, and release it if it is still ours.
+        // A renewal cut short by the shutdown may have been written after all, under a
+        // resourceVersion we never saw: read the Lease and release it if it is still ours,
+        // again after each conflict until the deadline (client-go v0.37's `release` retries
+        // conflicts the same way).
+        while result.as_ref().is_err_and(is_conflict) {
+            if Instant::now() >= deadline {
+                break;
+            }
             result = match self.read(deadline).await {
                 Ok(Some(current)) => {
                     let current_record = Record::from_spec(current.spec.as_ref());
@@ -930,6 +935,21 @@ mod tests {
         rx.wait_for(Leadership::is_leading).await.expect("leads");
         // Our renewal, as the API server stored it, whose answer never came back.
         renew_stored(&fake, 1_000);
+        token.cancel();
+        handle.await.expect("task").expect("released");
+        let released = stored_record(&fake);
+        assert_eq!(released.holder, "");
+        assert_eq!(released.lease_duration_seconds, 1);
+    }
+
+    /// Each retry of the release can meet yet another unseen write: it reads and retries again
+    /// (client-go v0.37 retries a conflicting release until its deadline).
+    #[tokio::test(start_paused = true)]
+    async fn a_release_retries_every_conflict_while_the_lease_is_ours() {
+        let fake = FakeApi::default();
+        let (mut rx, handle, token, _status) = spawn_on(&fake, fast_config("me"));
+        rx.wait_for(Leadership::is_leading).await.expect("leads");
+        fake.unseen_write_before_next_puts(3);
         token.cancel();
         handle.await.expect("task").expect("released");
         let released = stored_record(&fake);

@@ -2,7 +2,7 @@
 //! kube-controller-manager to the GCE PD driver's own controller service on
 //! its fake cloud, with a cloud-like publish latency (1 s ± 20 % by default),
 //! served by one attacher-hub (hub mode) or by the Go fleet (one
-//! external-attacher v4.12.0 per driver), with the same flags: those of the
+//! external-attacher v4.13.0 per driver), with the same flags: those of the
 //! PD driver's own Deployment for its attacher (`--v=5 --timeout=250s
 //! --leader-election`, QPS 5 / burst 10 by default).
 //!

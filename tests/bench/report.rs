@@ -439,7 +439,7 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
     );
     let _ = writeln!(
         md,
-        "{} · {} · attacher-hub {} · external-attacher v4.12.0 · kube-apiserver v1.36.3 + etcd v3.6.16 on loopback, \
+        "{} · {} · attacher-hub {} · external-attacher v4.13.0 · kube-apiserver v1.37.2 + etcd v3.7.3 on loopback, \
          fresh for this run · the project's Rust mock CSI driver, one process per driver socket · \
          {} drivers · medians of {} runs per contender, contenders interleaved (the order alternates) · \
          whole run {:.1} min\n",

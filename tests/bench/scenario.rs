@@ -63,7 +63,7 @@ const CONNECTION_SAMPLE_PERIOD: Duration = Duration::from_millis(250);
 /// Who serves the drivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Contender {
-    /// One external-attacher v4.12.0 process per driver.
+    /// One external-attacher v4.13.0 process per driver.
     Fleet,
     /// One attacher-hub process for all drivers (hub mode, `--config`).
     Hub,
@@ -81,7 +81,7 @@ impl Contender {
     /// Row label in the report.
     pub(crate) fn label(self, drivers: usize) -> String {
         match self {
-            Contender::Fleet => format!("{drivers} × external-attacher v4.12.0"),
+            Contender::Fleet => format!("{drivers} × external-attacher v4.13.0"),
             Contender::Hub => format!("attacher-hub, {drivers} drivers"),
         }
     }

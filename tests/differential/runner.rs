@@ -53,7 +53,7 @@ const SECRET_NAMESPACE: &str = "default";
 /// The two implementations under comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Impl {
-    /// The reference Go csi-attacher v4.12.
+    /// The reference Go csi-attacher v4.13.
     Go,
     /// attacher-hub in sidecar mode.
     Hub,
@@ -750,6 +750,7 @@ async fn create(ctx: &ScenarioCtx<'_>, obj: &Obj, created: &mut Created) -> Resu
                 }
             };
             let csinode = CSINode {
+                status: None,
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
                     ..ObjectMeta::default()

@@ -413,6 +413,7 @@ pub(crate) async fn create_node_with_drivers(
     create_node(client, node).await;
     let api: Api<CSINode> = Api::all(client.clone());
     let csinode = CSINode {
+        status: None,
         metadata: ObjectMeta {
             name: Some(node.to_string()),
             ..ObjectMeta::default()

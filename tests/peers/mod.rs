@@ -27,7 +27,7 @@ pub(crate) enum Attacher {
     HubSidecar,
     /// attacher-hub in hub mode: `--config drivers.yaml`, every driver of the stage.
     Hub,
-    /// The reference Go external-attacher v4.12.0, one per driver.
+    /// The reference Go external-attacher v4.13.0, one per driver.
     Go,
 }
 

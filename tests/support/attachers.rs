@@ -31,7 +31,7 @@ pub(crate) fn go_duration(d: Duration) -> String {
 pub(crate) enum Program {
     /// The attacher-hub binary of this build.
     Hub,
-    /// The reference Go external-attacher v4.12.0.
+    /// The reference Go external-attacher v4.13.0.
     Go,
 }
 

@@ -36,6 +36,7 @@ pub(crate) async fn create_csinode(
     node_id: &str,
 ) -> CSINode {
     let csinode = CSINode {
+        status: None,
         metadata: ObjectMeta {
             name: Some(node.to_string()),
             ..ObjectMeta::default()

@@ -356,7 +356,7 @@ fn call_marker(method: &str) -> String {
     format!("\"call\" method=\"{method}\"")
 }
 
-/// Starts the reference Go external-attacher (v4.12.0) with the attacher
+/// Starts the reference Go external-attacher (v4.13.0) with the attacher
 /// identity against the CSI socket `socket`, as test-infra.md 3.2 suggests for
 /// a local API server. `extra_args` come last and so override the defaults.
 pub(crate) fn start_reference_attacher(

@@ -93,6 +93,7 @@ pub(crate) async fn create_csinode_with(
     drivers: &[NodeDriver],
 ) -> CSINode {
     let csinode = CSINode {
+        status: None,
         metadata: ObjectMeta {
             name: Some(node.to_string()),
             ..ObjectMeta::default()

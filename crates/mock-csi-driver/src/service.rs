@@ -292,6 +292,21 @@ impl Controller for Service {
             .call(rec, |s| Ok(s.state.lock().get(&req.volume_id)?))
             .await
     }
+
+    // The alpha health RPCs of CSI v1.13: the mock advertises neither capability.
+    async fn controller_list_volume_health(
+        &self,
+        _req: Request<proto::ControllerListVolumeHealthRequest>,
+    ) -> Reply<proto::ControllerListVolumeHealthResponse> {
+        Err(Status::unimplemented("ControllerListVolumeHealth"))
+    }
+
+    async fn controller_get_volume_health(
+        &self,
+        _req: Request<proto::ControllerGetVolumeHealthRequest>,
+    ) -> Reply<proto::ControllerGetVolumeHealthResponse> {
+        Err(Status::unimplemented("ControllerGetVolumeHealth"))
+    }
 }
 
 #[tonic::async_trait]
@@ -414,5 +429,19 @@ impl Node for Service {
                 })
             })
             .await
+    }
+
+    async fn node_get_volume_health(
+        &self,
+        _req: Request<proto::NodeGetVolumeHealthRequest>,
+    ) -> Reply<proto::NodeGetVolumeHealthResponse> {
+        Err(Status::unimplemented("NodeGetVolumeHealth"))
+    }
+
+    async fn node_get_storage_health(
+        &self,
+        _req: Request<proto::NodeGetStorageHealthRequest>,
+    ) -> Reply<proto::NodeGetStorageHealthResponse> {
+        Err(Status::unimplemented("NodeGetStorageHealth"))
     }
 }

@@ -451,7 +451,6 @@ impl State {
                     } else {
                         Vec::new()
                     },
-                    volume_condition: None,
                 }),
             })
             .collect();
@@ -476,7 +475,6 @@ impl State {
             volume: Some(v.to_proto(volume_id)),
             status: Some(proto::controller_get_volume_response::VolumeStatus {
                 published_node_ids: v.published_node_ids(),
-                volume_condition: None,
             }),
         })
     }

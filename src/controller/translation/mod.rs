@@ -1,5 +1,5 @@
 //! In-tree PVs of the seven CSI-migration plugins, translated to CSI as csi-translation-lib
-//! v0.36.3 does (`plugins/*.go`), the version the reference external-attacher v4.12.0 is built
+//! v0.37.2 does (`plugins/*.go`), the version the reference external-attacher v4.13.0 is built
 //! with, field by field, including its quirks (a zero GCE partition gives `partition: ""`, a
 //! zero EBS partition `partition: "0"`, ...). It is checked against the library itself by
 //! `tests/translation_oracle.rs`, which compares thousands of generated PVs with the output of

@@ -1,11 +1,11 @@
 // Command translation-oracle is the reference for attacher-hub's CSI-migration
 // translation (tests/translation_oracle.rs). It runs, for each JSON line read
-// from stdin, the steps external-attacher v4.12.0 takes from a
+// from stdin, the steps external-attacher v4.13.0 takes from a
 // VolumeAttachment's source to the CSI volume it publishes, using the same
 // k8s.io/csi-translation-lib version the reference csi-attacher is built with,
 // and prints one JSON line per input line.
 //
-// What external-attacher does (pkg/controller/csi_handler.go, v4.12.0):
+// What external-attacher does (pkg/controller/csi_handler.go, v4.13.0):
 //
 //   - PersistentVolume source (csiAttach, csiDetach): if IsPVMigratable(pv),
 //     pv = TranslateInTreePVToCSI(pv), an error being wrapped as
@@ -239,7 +239,7 @@ func handle(logger klog.Logger, line []byte) output {
 }
 
 // translateInline is kube-controller-manager's TranslateInTreeInlineVolumeToCSI. A panic
-// of the library becomes an error: csi-translation-lib v0.36.3 dereferences a nil source
+// of the library becomes an error: csi-translation-lib v0.37.2 dereferences a nil source
 // for a vSphere pod volume with a storagePolicyName (vsphere_volume.go), so no
 // VolumeAttachment is ever made for it.
 func translateInline(logger klog.Logger, vol *v1.Volume, podNamespace string) (pv *v1.PersistentVolume, err error) {
