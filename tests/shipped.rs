@@ -148,6 +148,7 @@ async fn volume_node(client: &Client, name: &str, drivers: &[&str]) {
         .create(
             &PostParams::default(),
             &CSINode {
+                status: None,
                 metadata: ObjectMeta {
                     name: Some(name.into()),
                     ..ObjectMeta::default()
@@ -1002,7 +1003,7 @@ async fn sidecar_overlay_rollouts() -> [Rollout; 2] {
                     .flatten()
                 {
                     if c["name"] == "csi-attacher" {
-                        c["image"] = json!("registry.k8s.io/sig-storage/csi-attacher:v4.12.0");
+                        c["image"] = json!("registry.k8s.io/sig-storage/csi-attacher:v4.13.0");
                     }
                 }
             }
@@ -1049,7 +1050,7 @@ async fn rolling_update_benchmark() {
         runs.entry("sidecar overlay, attacher-hub")
             .or_default()
             .push(hub);
-        runs.entry("sidecar overlay, Go external-attacher v4.12.0")
+        runs.entry("sidecar overlay, Go external-attacher v4.13.0")
             .or_default()
             .push(go);
     }

@@ -393,7 +393,7 @@ async fn create_node(client: &Client, node: &Node) {
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": node.name}],
             "capacity": {"cpu": "2", "memory": "8Gi", "pods": "110"},
             "allocatable": {"cpu": "2", "memory": "8Gi", "pods": "110"},
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "v1.36.3",
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "v1.37.2",
                 "bootID": "", "containerRuntimeVersion": "bwrap://0.8", "kernelVersion": "", "kubeProxyVersion": "",
                 "machineID": "", "osImage": "", "systemUUID": ""}
         }})),

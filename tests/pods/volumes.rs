@@ -396,6 +396,7 @@ async fn request_token(
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
+            attestations: None,
             audiences: audience.map(|a| vec![a]),
             expiration_seconds: Some(expiration),
             bound_object_ref: Some(BoundObjectReference {
