@@ -1,0 +1,441 @@
+//! Pushback from the API server: a `429 Too Many Requests` (API Priority and Fairness turning a
+//! request away) or a 5xx that carries `Retry-After` is waited out and the same request sent
+//! again, as client-go's REST client does, for every request of the hub's clients.
+//!
+//! # client-go's rules (`k8s.io/client-go/rest`, `request.go` and `with_retry.go`, v0.36)
+//!
+//! * **What is retried.** An answer whose status is 429 or any status of 500 and above, *and*
+//!   that carries a `Retry-After` header holding a whole number (seconds; the HTTP-date form is
+//!   not read, and a header that is no number means no retry). Any other answer is final,
+//!   whatever its status: a 5xx without `Retry-After` goes back to the caller at once.
+//! * **Which verbs.** Every verb, writes included: the server said it did not serve the request
+//!   and when to come back, so sending a PATCH or a POST again is safe. A request whose body is
+//!   an opaque stream is not retried (it cannot be sent twice); ours are always bytes. Errors
+//!   without an answer (a reset connection, EOF) are retried by client-go for GETs only, as if
+//!   the server had answered 500 with `Retry-After: 1`; here the transport sends a request that
+//!   never left again once ([`super::transport`]) and the callers retry the rest with their
+//!   own backoff, so this layer retries answers only.
+//! * **How many times.** At most 10 retries (`maxRetries`, 11 attempts in all); the answer to
+//!   the last attempt is returned as it is.
+//! * **The wait.** `Retry-After` seconds before the next attempt (client-go's default
+//!   `NoBackoff` adds nothing); a zero or negative value means no wait. Before each retry the
+//!   request passes the client's rate limiter again, as a new request would (here: the driver's
+//!   API budget and the hub's cap).
+//! * **The deadline.** The wait and the rate limiter both give up when the request's context
+//!   ends, and the request fails with that error (noting the previous attempt's error). Here a
+//!   request knows its deadline ([`Scope`]): a retry whose wait would end after it is not
+//!   waited for at all, and the throttled answer goes back to the caller at once (whose own
+//!   backoff then applies) rather than holding a worker until the deadline to fail anyway.
+//! * **What it logs.** At `-v=4` each `Retry-After` answer (delay, attempt, URL); the rate
+//!   limiter's wait before the retry names the reason "retries: N, retry-after: Ns -
+//!   retry-reason: due to server-side throttling, FlowSchema UID: ..." for a 429. Nothing at the
+//!   default level. Here a driver's throttled stretch is logged once at its start and once at
+//!   its end at info level, with the priority level and FlowSchema the API server named, and
+//!   counted per driver ([`crate::metrics::Observer`]).
+//!
+//! # Beyond client-go: a throttled driver holds back its own work
+//!
+//! client-go delays only the request that was turned away; a controller's other workers keep
+//! sending into the priority level that just said it is full. Here a 429 to one of a driver's
+//! work requests (VA and PV writes, Secret and PV reads) holds that driver's next work requests
+//! until the `Retry-After` it was given has passed, so a throttled driver comes back as one
+//! client rather than ten workers each finding out alone. Its Lease calls are never held: a
+//! leader's renewals go out while its writes wait (the writes it holds back are the load the
+//! renewals would otherwise queue behind at the API server), and the other drivers are not
+//! held either. The waits run in the driver's own workers, never holding the hub's cap.
+
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::budget::ApiBudget;
+
+/// client-go's default `maxRetries` of a request (`rest.NewRequest`).
+pub const MAX_RETRIES: u32 = 10;
+
+/// The header in which API Priority and Fairness names the priority level a request was
+/// classified into (its UID: the server does not reveal names), `X-Kubernetes-PF-PriorityLevel-UID`.
+pub const PRIORITY_LEVEL_HEADER: &str = "x-kubernetes-pf-prioritylevel-uid";
+
+/// The header in which API Priority and Fairness names the FlowSchema that matched the request
+/// (its UID), `X-Kubernetes-PF-FlowSchema-UID`.
+pub const FLOW_SCHEMA_HEADER: &str = "x-kubernetes-pf-flowschema-uid";
+
+/// A throttled stretch of a driver ends when this long has passed without a 429 for it; it is
+/// also the shortest gap between two of its start lines, which keeps the log quiet under
+/// throttling that comes and goes.
+pub const STRETCH_QUIET: Duration = Duration::from_secs(10);
+
+/// How long the server asks to wait before the request is sent again, if it asks (see the
+/// module's rules): `Some` for a 429 or a 5xx with a whole number of seconds in `Retry-After`.
+pub fn retry_after(status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
+    if status != StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
+        return None;
+    }
+    let seconds: i64 = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds.max(0).unsigned_abs()))
+}
+
+/// The priority level and FlowSchema (UIDs) API Priority and Fairness named in an answer.
+fn flow(headers: &HeaderMap) -> (Option<String>, Option<String>) {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    (get(PRIORITY_LEVEL_HEADER), get(FLOW_SCHEMA_HEADER))
+}
+
+// === one driver's account ===
+
+/// One driver's account of the API server's pushback: what it received and waited, its
+/// throttled stretch, and until when its work requests are held.
+#[derive(Debug, Default)]
+pub struct Account {
+    /// 429 answers received (work and Lease requests).
+    too_many_requests: AtomicU64,
+    /// Nanoseconds spent waiting for `Retry-After` (retries, and work held back).
+    waited_nanos: AtomicU64,
+    state: Mutex<Stretch>,
+}
+
+/// The current (or last) throttled stretch.
+#[derive(Debug, Default)]
+struct Stretch {
+    /// When the current stretch began; `None` when not throttled.
+    since: Option<Instant>,
+    /// The last 429.
+    last: Option<Instant>,
+    /// 429s in the current stretch.
+    count: u64,
+    /// The driver's work requests wait until then.
+    hold_until: Option<Instant>,
+    /// Priority level and FlowSchema UIDs of the last 429 that named them.
+    priority_level: Option<String>,
+    flow_schema: Option<String>,
+}
+
+/// What a 429 did to the stretch.
+pub(crate) enum Began {
+    /// It began a stretch.
+    Now,
+    /// The driver was throttled already.
+    Before,
+}
+
+impl Account {
+    /// A 429 at `now` asking for `wait`; `hold` pushes the driver's work hold to its end.
+    pub(crate) fn too_many(
+        &self,
+        now: Instant,
+        wait: Duration,
+        hold: bool,
+        flow: (Option<String>, Option<String>),
+    ) -> Began {
+        self.too_many_requests.fetch_add(1, Ordering::Relaxed);
+        let mut s = self.state.lock();
+        let began = if s.since.is_some() {
+            Began::Before
+        } else {
+            s.since = Some(now);
+            s.count = 0;
+            Began::Now
+        };
+        s.count += 1;
+        s.last = Some(now);
+        if hold {
+            s.hold_until = s.hold_until.max(Some(now + wait));
+        }
+        let (pl, fs) = flow;
+        if pl.is_some() {
+            s.priority_level = pl;
+        }
+        if fs.is_some() {
+            s.flow_schema = fs;
+        }
+        began
+    }
+
+    pub(crate) fn waited(&self, waited: Duration) {
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.waited_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Until when the driver's work requests are held, if that is later than `now`.
+    pub(crate) fn hold(&self, now: Instant) -> Option<Instant> {
+        self.state.lock().hold_until.filter(|t| *t > now)
+    }
+
+    /// Ends the stretch if [`STRETCH_QUIET`] has passed since its last 429; returns its length
+    /// and 429 count when it ended now.
+    pub(crate) fn settle(&self, now: Instant) -> Option<(Duration, u64)> {
+        let mut s = self.state.lock();
+        let since = s.since?;
+        let last = s.last.unwrap_or(since);
+        if now.saturating_duration_since(last) < STRETCH_QUIET {
+            return None;
+        }
+        s.since = None;
+        Some((last.saturating_duration_since(since), s.count))
+    }
+
+    /// The account as `/drivers` shows it.
+    pub fn status(&self, now: Instant) -> PushbackStatus {
+        let s = self.state.lock();
+        let throttled = s.since.is_some()
+            && s.last
+                .is_some_and(|l| now.saturating_duration_since(l) < STRETCH_QUIET);
+        PushbackStatus {
+            too_many_requests: self.too_many_requests.load(Ordering::Relaxed),
+            retry_after_wait_seconds: Duration::from_nanos(
+                self.waited_nanos.load(Ordering::Relaxed),
+            )
+            .as_secs_f64(),
+            throttled,
+            throttled_seconds: s
+                .since
+                .filter(|_| throttled)
+                .map(|t| now.saturating_duration_since(t).as_secs_f64()),
+            held_seconds: s
+                .hold_until
+                .filter(|t| *t > now)
+                .map(|t| (t - now).as_secs_f64()),
+            priority_level_uid: s.priority_level.clone(),
+            flow_schema_uid: s.flow_schema.clone(),
+        }
+    }
+}
+
+/// A driver's pushback from the API server as `/drivers` shows it (under `apiBudget`).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PushbackStatus {
+    /// 429 answers received since the driver last connected.
+    pub too_many_requests: u64,
+    /// Seconds its requests waited for `Retry-After` since it last connected.
+    pub retry_after_wait_seconds: f64,
+    /// Whether the API server throttles the driver now (a 429 within the last
+    /// [`STRETCH_QUIET`]).
+    pub throttled: bool,
+    /// How long the current throttled stretch has lasted.
+    pub throttled_seconds: Option<f64>,
+    /// How much longer the driver's work requests are held, if they are.
+    pub held_seconds: Option<f64>,
+    /// The priority level API Priority and Fairness last named in a 429 (UID).
+    pub priority_level_uid: Option<String>,
+    /// The FlowSchema it last named (UID).
+    pub flow_schema_uid: Option<String>,
+}
+
+// === the scope of a request ===
+
+/// Whose request it is, and what it may cost: set around a driver's API calls with
+/// [`scoped`], read by the [`RetryAfter`] service as it sends them.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    /// The driver's budget: its account, and the tokens a retried work request spends.
+    budget: Arc<ApiBudget>,
+    /// Work (held while the driver is throttled; retries spend budget) or a Lease call.
+    kind: Kind,
+    /// When the caller gives up on the request.
+    deadline: Instant,
+}
+
+/// What a request is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A driver's work (VA and PV writes, reads for them): held while the driver is throttled;
+    /// each retry spends the driver's budget.
+    Work,
+    /// A Lease call of the driver's elector: never held, spends no budget (leader election has
+    /// a client of its own, as in the Go sidecar).
+    Lease,
+}
+
+impl Scope {
+    /// A scope for `budget`'s driver.
+    pub fn new(budget: Arc<ApiBudget>, kind: Kind, deadline: Instant) -> Self {
+        Self {
+            budget,
+            kind,
+            deadline,
+        }
+    }
+}
+
+tokio::task_local! {
+    static SCOPE: Scope;
+}
+
+/// Runs `request` (one or more API calls) in `scope`.
+pub async fn scoped<F: Future>(scope: Scope, request: F) -> F::Output {
+    SCOPE.scope(scope, request).await
+}
+
+// === the service ===
+
+/// The layer that puts [`RetryAfter`] over a service.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RetryAfterLayer;
+
+impl<S> tower::Layer<S> for RetryAfterLayer {
+    type Service = RetryAfter<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RetryAfter { inner }
+    }
+}
+
+/// Sends each request again when the server asks for it (module rules), within the request's
+/// [`Scope`] when it has one: its deadline, its driver's budget and account.
+#[derive(Clone, Debug)]
+pub struct RetryAfter<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<Request<kube::client::Body>> for RetryAfter<S>
+where
+    S: tower::Service<Request<kube::client::Body>, Response = Response<B>, Error = tower::BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<Response<B>, tower::BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<kube::client::Body>) -> Self::Future {
+        // The ready clone sends the first attempt; another clone the retries.
+        let ready = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, ready);
+        // kube's client runs this call in its buffer's task but polls the future in the
+        // caller's: the scope is read on the first poll.
+        Box::pin(send(inner, request))
+    }
+}
+
+/// Why a request was not sent again.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{method} {path}: the API server asked to wait until {waited:?} from now (Retry-After), beyond this request's deadline; not sent again"
+)]
+pub struct BeyondDeadline {
+    method: http::Method,
+    path: String,
+    waited: Duration,
+}
+
+async fn send<S, B>(
+    mut inner: S,
+    request: Request<kube::client::Body>,
+) -> Result<Response<B>, tower::BoxError>
+where
+    S: tower::Service<Request<kube::client::Body>, Response = Response<B>, Error = tower::BoxError>
+        + Clone,
+{
+    use tower::ServiceExt;
+
+    let scope = SCOPE.try_with(Scope::clone).ok();
+    let (head, body) = request.into_parts();
+    let body: Bytes = body.collect().await?.to_bytes();
+    let path = head.uri.path().to_owned();
+    let mut retries = 0;
+    // When this request may be sent again (its own Retry-After).
+    let mut not_before: Option<Instant> = None;
+    loop {
+        if let Some(scope) = &scope {
+            let now = Instant::now();
+            let hold = match scope.kind {
+                Kind::Work => scope.budget.pushback().hold(now),
+                Kind::Lease => None,
+            };
+            if let Some(until) = not_before.max(hold).filter(|t| *t > now) {
+                if until > scope.deadline {
+                    return Err(BeyondDeadline {
+                        method: head.method.clone(),
+                        path,
+                        waited: until - now,
+                    }
+                    .into());
+                }
+                tokio::time::sleep_until(until).await;
+                scope.budget.retry_after_waited(until - now);
+            }
+            if retries > 0 && scope.kind == Kind::Work {
+                scope.budget.acquire(head.method.as_str(), &path).await;
+            }
+        } else if let Some(until) = not_before {
+            tokio::time::sleep_until(until).await;
+        }
+
+        let attempt = Request::from_parts(head.clone(), kube::client::Body::from(body.clone()));
+        let response = inner.ready().await?.call(attempt).await?;
+        let now = Instant::now();
+        let Some(wait) = retry_after(response.status(), response.headers()) else {
+            if let Some(scope) = &scope {
+                scope.budget.pushback_settled(now);
+            }
+            return Ok(response);
+        };
+        let too_many = response.status() == StatusCode::TOO_MANY_REQUESTS;
+        if let Some(scope) = &scope
+            && too_many
+        {
+            let flow = flow(response.headers());
+            scope
+                .budget
+                .too_many_requests(now, wait, scope.kind == Kind::Work, flow, scope.kind);
+        }
+        if retries >= MAX_RETRIES {
+            tracing::debug!(method = %head.method, path, retries, "the API server still turns the request away after the last retry");
+            return Ok(response);
+        }
+        let mut until = now + wait;
+        if let Some(scope) = &scope {
+            if scope.kind == Kind::Work {
+                until = until.max(scope.budget.pushback().hold(now).unwrap_or(now));
+            }
+            if until > scope.deadline {
+                tracing::debug!(method = %head.method, path, ?wait, "Retry-After ends beyond the request's deadline; not retried");
+                return Ok(response);
+            }
+        }
+        tracing::debug!(method = %head.method, path, status = response.status().as_u16(), ?wait, attempt = retries + 1, "Got a Retry-After response");
+        drop(response);
+        retries += 1;
+        not_before = Some(until);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,393 @@
+//! The retry rules against a scripted fake API server (a `tower` service under a real
+//! `kube::Client`), on tokio's paused clock.
+
+use std::collections::VecDeque;
+
+use http_body_util::Full;
+
+use super::*;
+use crate::k8s::budget::{FairCap, Limit};
+use crate::metrics::{Limiter, Observer};
+
+/// One request the fake server saw: when, method, path, body.
+type Seen = (Instant, String, String, Bytes);
+
+/// A scripted answer: status and `Retry-After`.
+#[derive(Clone, Copy)]
+struct Answer(u16, Option<&'static str>);
+
+/// A fake API server answering from a script (then 200 `{}` for ever), recording each
+/// request; and a `kube::Client` over it with the [`RetryAfter`] layer.
+struct Fake {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    client: kube::Client,
+}
+
+impl Fake {
+    fn new(script: &[Answer]) -> Self {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let script = Arc::new(Mutex::new(script.iter().copied().collect::<VecDeque<_>>()));
+        let record = seen.clone();
+        let service = tower::service_fn(move |request: Request<kube::client::Body>| {
+            let record = record.clone();
+            let answer = script.lock().pop_front().unwrap_or(Answer(200, None));
+            async move {
+                let (head, body) = request.into_parts();
+                let body = body.collect().await?.to_bytes();
+                record.lock().push((
+                    Instant::now(),
+                    head.method.to_string(),
+                    head.uri.path().to_owned(),
+                    body,
+                ));
+                let mut response = Response::builder()
+                    .status(answer.0)
+                    .header(PRIORITY_LEVEL_HEADER, "pl-uid")
+                    .header(FLOW_SCHEMA_HEADER, "fs-uid");
+                if let Some(after) = answer.1 {
+                    response = response.header(http::header::RETRY_AFTER, after);
+                }
+                let text = if answer.0 == 200 {
+                    "{}"
+                } else {
+                    "Too many requests, please try again later."
+                };
+                Ok::<_, tower::BoxError>(
+                    response
+                        .body(Full::new(Bytes::from(text)))
+                        .expect("valid response"),
+                )
+            }
+        });
+        let service = tower::ServiceBuilder::new()
+            .layer(RetryAfterLayer)
+            .service(service);
+        Self {
+            seen,
+            client: kube::Client::new(service, "default"),
+        }
+    }
+
+    /// A PATCH of VolumeAttachment `name` with a small body.
+    async fn patch(&self, name: &str) -> kube::Result<String> {
+        let request = Request::patch(format!("/apis/storage.k8s.io/v1/volumeattachments/{name}"))
+            .header("content-type", "application/merge-patch+json")
+            .body(br#"{"status":{"attached":true}}"#.to_vec())
+            .expect("valid request");
+        self.client.request_text(request).await
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().clone()
+    }
+}
+
+/// What the budget's observer was told.
+#[derive(Debug, Default)]
+struct Told {
+    too_many: Mutex<u64>,
+    waited: Mutex<Duration>,
+}
+
+#[derive(Debug)]
+struct Recorder(Arc<Told>);
+
+impl Observer for Recorder {
+    fn waited(&self, _: Duration) {}
+    fn throttled(&self, _: Limiter) {}
+    fn too_many_requests(&self) {
+        *self.0.too_many.lock() += 1;
+    }
+    fn retry_after_waited(&self, waited: Duration) {
+        *self.0.waited.lock() += waited;
+    }
+}
+
+fn budget(name: &str, limit: Limit) -> (Arc<ApiBudget>, Arc<Told>) {
+    let told = Arc::new(Told::default());
+    let b = ApiBudget::new(
+        name,
+        limit,
+        FairCap::new(Limit::Unlimited),
+        Box::new(Recorder(told.clone())),
+    );
+    (b, told)
+}
+
+fn work(budget: &Arc<ApiBudget>, deadline: Duration) -> Scope {
+    Scope::new(budget.clone(), Kind::Work, Instant::now() + deadline)
+}
+
+#[test]
+fn only_a_429_or_a_5xx_with_a_whole_number_of_seconds_asks_for_a_retry() {
+    let with = |after: &str| {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, after.parse().expect("header"));
+        h
+    };
+    let none = HeaderMap::new();
+    let s = |code: u16| StatusCode::from_u16(code).expect("status");
+    assert_eq!(
+        retry_after(s(429), &with("3")),
+        Some(Duration::from_secs(3))
+    );
+    assert_eq!(
+        retry_after(s(500), &with("1")),
+        Some(Duration::from_secs(1))
+    );
+    assert_eq!(
+        retry_after(s(503), &with(" 2 ")),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(retry_after(s(504), &with("0")), Some(Duration::ZERO));
+    // A negative wait is no wait (client-go's timer fires at once).
+    assert_eq!(retry_after(s(429), &with("-4")), Some(Duration::ZERO));
+    // No header, a date, or a fraction: no retry.
+    assert_eq!(retry_after(s(429), &none), None);
+    assert_eq!(retry_after(s(503), &none), None);
+    assert_eq!(
+        retry_after(s(429), &with("Wed, 21 Oct 2026 07:28:00 GMT")),
+        None
+    );
+    assert_eq!(retry_after(s(429), &with("1.5")), None);
+    // Other statuses never, whatever they carry.
+    for code in [200, 201, 404, 409, 422, 403, 408, 499] {
+        assert_eq!(retry_after(s(code), &with("1")), None, "{code}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_is_waited_out_and_the_same_request_sent_again() {
+    let fake = Fake::new(&[Answer(429, Some("3"))]);
+    let (b, told) = budget("d", Limit::Unlimited);
+    let start = Instant::now();
+    let answer = scoped(work(&b, Duration::from_secs(30)), fake.patch("va-1")).await;
+    assert_eq!(answer.expect("answered 200 on the retry"), "{}");
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[1].0 - seen[0].0,
+        Duration::from_secs(3),
+        "waited as asked"
+    );
+    assert_eq!(seen[0].0, start);
+    assert_eq!(
+        (&seen[0].1, &seen[0].2, &seen[0].3),
+        (&seen[1].1, &seen[1].2, &seen[1].3),
+        "the same method, path and body"
+    );
+    assert_eq!(seen[1].1, "PATCH");
+    assert_eq!(*told.too_many.lock(), 1);
+    assert_eq!(*told.waited.lock(), Duration::from_secs(3));
+    let status = b.status();
+    assert_eq!(status.pushback.too_many_requests, 1);
+    assert!(status.pushback.throttled);
+    assert_eq!(
+        status.pushback.priority_level_uid.as_deref(),
+        Some("pl-uid")
+    );
+    assert_eq!(status.pushback.flow_schema_uid.as_deref(), Some("fs-uid"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_5xx_with_retry_after_is_retried_and_one_without_is_not() {
+    let fake = Fake::new(&[Answer(503, Some("1"))]);
+    let (b, told) = budget("d", Limit::Unlimited);
+    scoped(work(&b, Duration::from_secs(30)), fake.patch("va-1"))
+        .await
+        .expect("answered 200 on the retry");
+    assert_eq!(fake.seen().len(), 2);
+    // A 5xx is waited for but is no 429.
+    assert_eq!(*told.too_many.lock(), 0);
+    assert_eq!(*told.waited.lock(), Duration::from_secs(1));
+
+    let fake = Fake::new(&[Answer(500, None)]);
+    let e = scoped(work(&b, Duration::from_secs(30)), fake.patch("va-1"))
+        .await
+        .expect_err("a 500 without Retry-After is final");
+    assert!(
+        matches!(e, kube::Error::Api(ref s) if s.code == 500),
+        "{e:?}"
+    );
+    assert_eq!(fake.seen().len(), 1);
+
+    // A 429 without Retry-After, or with a date, is not retried either.
+    for answer in [
+        Answer(429, None),
+        Answer(429, Some("Wed, 21 Oct 2026 07:28:00 GMT")),
+    ] {
+        let fake = Fake::new(&[answer]);
+        scoped(work(&b, Duration::from_secs(30)), fake.patch("va-1"))
+            .await
+            .expect_err("final");
+        assert_eq!(fake.seen().len(), 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_stop_after_client_gos_ten() {
+    let fake = Fake::new(&[Answer(429, Some("1")); 20]);
+    let (b, told) = budget("d", Limit::Unlimited);
+    let start = Instant::now();
+    let e = scoped(work(&b, Duration::from_secs(300)), fake.patch("va-1"))
+        .await
+        .expect_err("still 429 after the last retry");
+    assert!(
+        matches!(e, kube::Error::Api(ref s) if s.code == 429),
+        "{e:?}"
+    );
+    assert_eq!(fake.seen().len(), 1 + MAX_RETRIES as usize);
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    assert_eq!(*told.too_many.lock(), 11);
+
+    // Without a scope (the shared watches) the same rules hold.
+    let fake = Fake::new(&[Answer(429, Some("1")); 20]);
+    fake.patch("va-1").await.expect_err("429");
+    assert_eq!(fake.seen().len(), 11);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_would_pass_the_deadline_is_not_waited() {
+    let fake = Fake::new(&[Answer(429, Some("2")), Answer(429, Some("20"))]);
+    let (b, told) = budget("d", Limit::Unlimited);
+    let start = Instant::now();
+    let e = scoped(work(&b, Duration::from_secs(10)), fake.patch("va-1"))
+        .await
+        .expect_err("the second wait ends beyond the deadline");
+    assert!(
+        matches!(e, kube::Error::Api(ref s) if s.code == 429),
+        "{e:?}"
+    );
+    assert_eq!(fake.seen().len(), 2);
+    // The first wait (2 s) was spent; the second (20 s) was not begun.
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(*told.waited.lock(), Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_spends_the_drivers_budget_like_a_new_request() {
+    let fake = Fake::new(&[Answer(429, Some("0"))]);
+    let (b, _) = budget("d", Limit::Rate { qps: 1.0, burst: 1 });
+    // The caller spends the first token (the writer does, before sending).
+    b.acquire("PATCH", "va-1").await;
+    let start = Instant::now();
+    scoped(work(&b, Duration::from_secs(30)), fake.patch("va-1"))
+        .await
+        .expect("answered 200 on the retry");
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    // Retry-After 0, but the retry waited for the driver's next token.
+    assert_eq!(seen[1].0 - start, Duration::from_secs(1));
+}
+
+/// One driver's 429 holds its own work until the Retry-After it was given, never its Lease
+/// calls, never another driver's requests.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_drivers_work_waits_but_not_its_lease_calls_nor_other_drivers() {
+    let fake = Arc::new(Fake::new(&[Answer(429, Some("5"))]));
+    let (a, _) = budget("a", Limit::Unlimited);
+    let (b, _) = budget("b", Limit::Unlimited);
+    let start = Instant::now();
+    let throttled = tokio::spawn({
+        let (fake, a) = (fake.clone(), a.clone());
+        async move { scoped(work(&a, Duration::from_secs(30)), fake.patch("va-1")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(fake.seen().len(), 1, "the first request was turned away");
+    let at = |fake: &Fake, path: &str| {
+        fake.seen()
+            .iter()
+            .find(|s| s.2.ends_with(path))
+            .map(|s| s.0 - start)
+    };
+    let (more, lease, other) = tokio::join!(
+        scoped(work(&a, Duration::from_secs(30)), fake.patch("va-2")),
+        scoped(
+            Scope::new(
+                a.clone(),
+                Kind::Lease,
+                Instant::now() + Duration::from_secs(10)
+            ),
+            fake.patch("lease-a")
+        ),
+        scoped(work(&b, Duration::from_secs(30)), fake.patch("va-b")),
+    );
+    more.expect("200");
+    lease.expect("200");
+    other.expect("200");
+    throttled.await.expect("task").expect("200 on the retry");
+    assert_eq!(at(&fake, "lease-a"), Some(Duration::from_millis(100)));
+    assert_eq!(at(&fake, "va-b"), Some(Duration::from_millis(100)));
+    assert_eq!(
+        at(&fake, "va-2"),
+        Some(Duration::from_secs(5)),
+        "held until the driver's Retry-After ended"
+    );
+    let pushback = a.status().pushback;
+    assert_eq!(pushback.too_many_requests, 1);
+    // va-1's retry and va-2's hold: 5 s and 4.9 s.
+    assert_eq!(pushback.retry_after_wait_seconds, 9.9);
+    assert_eq!(b.status().pushback.too_many_requests, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_held_beyond_its_deadline_fails_at_once_without_being_sent() {
+    let fake = Fake::new(&[Answer(429, Some("30"))]);
+    let (a, _) = budget("a", Limit::Unlimited);
+    // 30 s is within this request's 60 s, but not within the next one's 10 s.
+    let first = tokio::spawn({
+        let a = a.clone();
+        let fake_client = fake.client.clone();
+        async move {
+            let request = Request::get("/api/v1/namespaces/ns/secrets/s")
+                .body(Vec::new())
+                .expect("valid");
+            scoped(
+                work(&a, Duration::from_secs(60)),
+                fake_client.request_text(request),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let start = Instant::now();
+    let e = scoped(work(&a, Duration::from_secs(10)), fake.patch("va-2"))
+        .await
+        .expect_err("held beyond its deadline");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(
+        e.to_string().contains("beyond this request's deadline"),
+        "{e}"
+    );
+    assert!(
+        !fake.seen().iter().any(|s| s.2.ends_with("va-2")),
+        "never sent"
+    );
+    first.await.expect("task").expect("200 on the retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_stretch_ends_after_a_quiet_spell() {
+    let fake = Fake::new(&[Answer(429, Some("1")), Answer(429, Some("1"))]);
+    let (a, _) = budget("a", Limit::Unlimited);
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("va-1"))
+        .await
+        .expect("200");
+    let s = a.status().pushback;
+    assert!(s.throttled);
+    assert_eq!(s.too_many_requests, 2);
+    assert_eq!(s.throttled_seconds, Some(2.0));
+    tokio::time::sleep(STRETCH_QUIET).await;
+    let s = a.status().pushback;
+    assert!(!s.throttled, "quiet for {STRETCH_QUIET:?}");
+    assert_eq!(s.throttled_seconds, None);
+    assert_eq!(s.too_many_requests, 2, "the count stays");
+    // A new 429 starts a new stretch.
+    let fake = Fake::new(&[Answer(429, Some("1"))]);
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("va-1"))
+        .await
+        .expect("200");
+    let s = a.status().pushback;
+    assert!(s.throttled);
+    assert_eq!(s.throttled_seconds, Some(1.0));
+}
