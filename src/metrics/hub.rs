@@ -511,6 +511,30 @@ mod tests {
     }
 
     #[test]
+    fn the_api_servers_pushback_is_counted_per_driver_from_its_first_connection() {
+        let registry = Registry::new();
+        let m = HubMetrics::register(&registry).unwrap();
+        let a = m.api_observer("a", Some(5.0));
+        let _b = m.api_observer("b", None);
+        a.too_many_requests();
+        a.too_many_requests();
+        a.retry_after_waited(std::time::Duration::from_millis(2500));
+        let text = render(&registry);
+        for line in [
+            r#"attacher_hub_api_too_many_requests_total{driver_name="a"} 2"#,
+            r#"attacher_hub_api_retry_after_wait_seconds_total{driver_name="a"} 2.5"#,
+            // A driver never throttled has its series at 0 (alerts and rates see it).
+            r#"attacher_hub_api_too_many_requests_total{driver_name="b"} 0"#,
+            r#"attacher_hub_api_retry_after_wait_seconds_total{driver_name="b"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        m.remove_driver("a");
+        let text = render(&registry);
+        assert!(!text.contains(r#"{driver_name="a"}"#), "{text}");
+    }
+
+    #[test]
     fn a_removed_driver_leaves_no_series_and_the_others_keep_theirs() {
         let registry = Registry::new();
         let m = HubMetrics::register(&registry).unwrap();
