@@ -45,7 +45,7 @@ pub(crate) const RUN_LABEL: &str = "attacher-hub-bench/run";
 const CONCURRENCY: usize = 64;
 
 /// Namespace of the leader-election Leases.
-const LEASE_NAMESPACE: &str = "default";
+pub(crate) const LEASE_NAMESPACE: &str = "default";
 
 /// How long the contender may take to start, sync its caches and attach the
 /// warm-up VA of every driver.
@@ -105,6 +105,14 @@ pub(crate) enum Workload {
         /// Between the start of the noisy driver's VAs and the quiet ones.
         delay: Duration,
     },
+    /// Every driver gets `per_driver` VAs at once; once all are attached, `detach` of them
+    /// (taken from the drivers in turn) are deleted; the others stay until the clean-up.
+    Partial {
+        /// VAs per driver.
+        per_driver: usize,
+        /// VAs deleted after the attaches, over all drivers.
+        detach: usize,
+    },
     /// Nothing beyond the warm-up: idle memory, watches, and the API
     /// requests of `window` doing nothing.
     Idle {
@@ -117,7 +125,7 @@ impl Workload {
     /// Measured VAs of driver `i`.
     fn vas_of(&self, i: usize) -> usize {
         match *self {
-            Workload::Uniform { per_driver } => per_driver,
+            Workload::Uniform { per_driver } | Workload::Partial { per_driver, .. } => per_driver,
             Workload::Noisy { noisy, .. } if i == 0 => noisy,
             Workload::Noisy { quiet, .. } => quiet,
             Workload::Idle { .. } => 0,
@@ -158,7 +166,7 @@ pub(crate) struct Sample {
     pub(crate) p50: Option<f64>,
     /// See `p50`.
     pub(crate) p99: Option<f64>,
-    /// Seconds from the first delete to the last VA gone (uniform runs).
+    /// Seconds from the first delete to the last VA gone (uniform and partial runs).
     pub(crate) detach: Option<f64>,
     /// CPU seconds of the contender's processes during the workload.
     pub(crate) cpu: f64,
@@ -367,8 +375,17 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
     // 4. The workload.
     let started = Instant::now();
     match spec.workload {
-        Workload::Uniform { .. } => {
+        Workload::Uniform { .. } | Workload::Partial { .. } => {
             let names: Vec<String> = measured.iter().map(|p| p.va.clone()).collect();
+            // What is deleted after the attaches: all, or `detach` taken from the drivers in turn.
+            let doomed: Vec<String> = match spec.workload {
+                Workload::Partial { per_driver, detach } => (0..per_driver)
+                    .flat_map(|j| (0..spec.drivers).map(move |i| i * per_driver + j))
+                    .take(detach)
+                    .map(|k| names[k].clone())
+                    .collect(),
+                _ => names.clone(),
+            };
             create_vas(&client, &measured, &node, &drivers, &run).await;
             if let Err(e) = timeline
                 .wait_running(&mut processes, &names, spec.timeout, |t| {
@@ -393,9 +410,9 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
             }
 
             let deleting = Instant::now();
-            delete_all::<VolumeAttachment>(&client, &names).await;
+            delete_all::<VolumeAttachment>(&client, &doomed).await;
             match timeline
-                .wait_running(&mut processes, &names, spec.timeout, |t| {
+                .wait_running(&mut processes, &doomed, spec.timeout, |t| {
                     t.deleted.is_some()
                 })
                 .await
