@@ -523,19 +523,18 @@ impl ApiBudget {
         &self.pushback
     }
 
-    /// A 429 for one of the driver's requests (`kind`), asking to wait `wait`; `hold` holds
-    /// the driver's work until then. Logs the start of a throttled stretch.
+    /// A 429 for one of the driver's requests (`kind`), asking to wait `wait`. Logs the start
+    /// of a throttled stretch.
     pub(crate) fn too_many_requests(
         &self,
         now: Instant,
         wait: Duration,
-        hold: bool,
         flow: (Option<String>, Option<String>),
         kind: Kind,
     ) {
         self.observer.too_many_requests();
         let (priority_level, flow_schema) = (flow.0.clone(), flow.1.clone());
-        if let super::pushback::Began::Now = self.pushback.too_many(now, wait, hold, flow) {
+        if let super::pushback::Began::Now = self.pushback.too_many(now, flow) {
             let request = match kind {
                 Kind::Work => "work",
                 Kind::Lease => "Lease",
@@ -546,7 +545,7 @@ impl ApiBudget {
                 flow_schema_uid = flow_schema.as_deref().unwrap_or("-"),
                 retry_after = ?wait,
                 request,
-                "the API server is throttling this driver's requests (429 Too Many Requests): each waits as long as the server asks (Retry-After) before it is sent again, and the driver's other work waits with it"
+                "the API server is throttling this driver's requests (429 Too Many Requests): each waits as long as the server asks (Retry-After) before it is sent again, and the driver sends fewer at a time until it stops"
             );
         }
     }

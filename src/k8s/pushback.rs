@@ -33,16 +33,20 @@
 //!   its end at info level, with the priority level and FlowSchema the API server named, and
 //!   counted per driver ([`crate::metrics::Observer`]).
 //!
-//! # Beyond client-go: a throttled driver holds back its own work
+//! # Beyond client-go: a throttled driver narrows its own window
 //!
 //! client-go delays only the request that was turned away; a controller's other workers keep
-//! sending into the priority level that just said it is full. Here a 429 to one of a driver's
-//! work requests (VA and PV writes, Secret and PV reads) holds that driver's next work requests
-//! until the `Retry-After` it was given has passed, so a throttled driver comes back as one
-//! client rather than ten workers each finding out alone. Its Lease calls are never held: a
-//! leader's renewals go out while its writes wait (the writes it holds back are the load the
-//! renewals would otherwise queue behind at the API server), and the other drivers are not
-//! held either. The waits run in the driver's own workers, never holding the hub's cap.
+//! sending into the priority level that just said it is full, and each finds out alone. Here a
+//! 429 to one of a driver's work requests (VA and PV writes, Secret and PV reads) also narrows
+//! the number of that driver's work requests in flight to half of what was in flight (at least
+//! one), as a TCP sender halves its window on a loss; each answer that is not pushback widens it
+//! again by about one request per round of answers, and it opens fully once the throttled
+//! stretch is over ([`STRETCH_QUIET`]). Only 429s sent after the last narrowing narrow it again,
+//! so one crowd of refusals counts once. A throttled driver so keeps about as many requests in
+//! flight as its share of the level takes, instead of refilling the queue with refusals. Its
+//! Lease calls never wait for room (a leader's renewals are not queued behind its own writes),
+//! and other drivers have windows of their own. Waits run in the driver's own workers; none
+//! holds the hub's cap.
 
 use std::{
     future::Future,
@@ -115,9 +119,34 @@ fn flow(headers: &HeaderMap) -> (Option<String>, Option<String>) {
 pub struct Account {
     /// 429 answers received (work and Lease requests).
     too_many_requests: AtomicU64,
-    /// Nanoseconds spent waiting for `Retry-After` (retries, and work held back).
+    /// Nanoseconds spent waiting for `Retry-After` before retries.
     waited_nanos: AtomicU64,
     state: Mutex<Stretch>,
+    /// The driver's window of work requests in flight.
+    window: Mutex<Window>,
+    /// Wakes work requests waiting for room in the window.
+    freed: tokio::sync::Notify,
+}
+
+/// How many work requests of the driver may be in flight.
+#[derive(Debug, Default)]
+struct Window {
+    /// The limit while narrowed (at least 1); `None`: open.
+    limit: Option<f64>,
+    /// Work requests in flight now.
+    in_flight: usize,
+    /// When it was last narrowed: only 429s to requests sent since narrow it again.
+    narrowed: Option<Instant>,
+}
+
+/// A work request's place in its driver's window; gives it back when dropped.
+pub(crate) struct Room<'a>(&'a Account);
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        self.0.window.lock().in_flight -= 1;
+        self.0.freed.notify_waiters();
+    }
 }
 
 /// The current (or last) throttled stretch.
@@ -129,8 +158,6 @@ struct Stretch {
     last: Option<Instant>,
     /// 429s in the current stretch.
     count: u64,
-    /// The driver's work requests wait until then.
-    hold_until: Option<Instant>,
     /// Priority level and FlowSchema UIDs of the last 429 that named them.
     priority_level: Option<String>,
     flow_schema: Option<String>,
@@ -145,14 +172,8 @@ pub(crate) enum Began {
 }
 
 impl Account {
-    /// A 429 at `now` asking for `wait`; `hold` pushes the driver's work hold to its end.
-    pub(crate) fn too_many(
-        &self,
-        now: Instant,
-        wait: Duration,
-        hold: bool,
-        flow: (Option<String>, Option<String>),
-    ) -> Began {
+    /// A 429 at `now`.
+    pub(crate) fn too_many(&self, now: Instant, flow: (Option<String>, Option<String>)) -> Began {
         self.too_many_requests.fetch_add(1, Ordering::Relaxed);
         let mut s = self.state.lock();
         let began = if s.since.is_some() {
@@ -164,9 +185,6 @@ impl Account {
         };
         s.count += 1;
         s.last = Some(now);
-        if hold {
-            s.hold_until = s.hold_until.max(Some(now + wait));
-        }
         let (pl, fs) = flow;
         if pl.is_some() {
             s.priority_level = pl;
@@ -182,9 +200,41 @@ impl Account {
         self.waited_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    /// Until when the driver's work requests are held, if that is later than `now`.
-    pub(crate) fn hold(&self, now: Instant) -> Option<Instant> {
-        self.state.lock().hold_until.filter(|t| *t > now)
+    /// Waits for room in the window for one work request.
+    pub(crate) async fn enter(&self) -> Room<'_> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut w = self.window.lock();
+                let room = w
+                    .limit
+                    .is_none_or(|l| (w.in_flight as f64) < l.floor().max(1.0));
+                if room {
+                    w.in_flight += 1;
+                    return Room(self);
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// The answer to a work request sent at `sent` came at `now`: a 429 (`refused`) narrows
+    /// the window to half of what is in flight, unless it was sent before the last narrowing;
+    /// any other answer widens a narrowed window by `1 / limit`.
+    pub(crate) fn answered(&self, sent: Instant, now: Instant, refused: bool) {
+        let mut w = self.window.lock();
+        if refused {
+            if w.narrowed.is_none_or(|t| sent >= t) {
+                let flight = w.in_flight as f64;
+                let base = w.limit.map_or(flight, |l| l.min(flight));
+                w.limit = Some((base / 2.0).max(1.0));
+                w.narrowed = Some(now);
+            }
+        } else if let Some(l) = w.limit {
+            w.limit = Some(l + 1.0 / l);
+        }
     }
 
     /// Ends the stretch if [`STRETCH_QUIET`] has passed since its last 429; returns its length
@@ -197,7 +247,15 @@ impl Account {
             return None;
         }
         s.since = None;
-        Some((last.saturating_duration_since(since), s.count))
+        let count = s.count;
+        drop(s);
+        // Quiet again: the window opens.
+        let mut w = self.window.lock();
+        w.limit = None;
+        w.narrowed = None;
+        drop(w);
+        self.freed.notify_waiters();
+        Some((last.saturating_duration_since(since), count))
     }
 
     /// The account as `/drivers` shows it.
@@ -206,6 +264,7 @@ impl Account {
         let throttled = s.since.is_some()
             && s.last
                 .is_some_and(|l| now.saturating_duration_since(l) < STRETCH_QUIET);
+        let w = self.window.lock();
         PushbackStatus {
             too_many_requests: self.too_many_requests.load(Ordering::Relaxed),
             retry_after_wait_seconds: Duration::from_nanos(
@@ -217,10 +276,8 @@ impl Account {
                 .since
                 .filter(|_| throttled)
                 .map(|t| now.saturating_duration_since(t).as_secs_f64()),
-            held_seconds: s
-                .hold_until
-                .filter(|t| *t > now)
-                .map(|t| (t - now).as_secs_f64()),
+            window: w.limit.map(f64::floor),
+            in_flight: w.in_flight,
             priority_level_uid: s.priority_level.clone(),
             flow_schema_uid: s.flow_schema.clone(),
         }
@@ -240,8 +297,11 @@ pub struct PushbackStatus {
     pub throttled: bool,
     /// How long the current throttled stretch has lasted.
     pub throttled_seconds: Option<f64>,
-    /// How much longer the driver's work requests are held, if they are.
-    pub held_seconds: Option<f64>,
+    /// How many work requests of the driver may be in flight while it is throttled (`None`:
+    /// no limit).
+    pub window: Option<f64>,
+    /// Work requests of the driver in flight now.
+    pub in_flight: usize,
     /// The priority level API Priority and Fairness last named in a 429 (UID).
     pub priority_level_uid: Option<String>,
     /// The FlowSchema it last named (UID).
@@ -256,7 +316,7 @@ pub struct PushbackStatus {
 pub struct Scope {
     /// The driver's budget: its account, and the tokens a retried work request spends.
     budget: Arc<ApiBudget>,
-    /// Work (held while the driver is throttled; retries spend budget) or a Lease call.
+    /// Work (within the driver's window; retries spend budget) or a Lease call.
     kind: Kind,
     /// When the caller gives up on the request.
     deadline: Instant,
@@ -265,11 +325,11 @@ pub struct Scope {
 /// What a request is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// A driver's work (VA and PV writes, reads for them): held while the driver is throttled;
+    /// A driver's work (VA and PV writes, reads for them): sent within the driver's window;
     /// each retry spends the driver's budget.
     Work,
-    /// A Lease call of the driver's elector: never held, spends no budget (leader election has
-    /// a client of its own, as in the Go sidecar).
+    /// A Lease call of the driver's elector: never waits for room, spends no budget (leader
+    /// election has a client of its own, as in the Go sidecar).
     Lease,
 }
 
@@ -344,15 +404,14 @@ where
     }
 }
 
-/// Why a request was not sent again.
+/// Why a work request was not sent.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{method} {path}: the API server asked to wait until {waited:?} from now (Retry-After), beyond this request's deadline; not sent again"
+    "{method} {path}: no room before this request's deadline in the driver's window of requests in flight, narrowed while the API server throttles it"
 )]
-pub struct BeyondDeadline {
+pub struct NoRoom {
     method: http::Method,
     path: String,
-    waited: Duration,
 }
 
 async fn send<S, B>(
@@ -370,70 +429,67 @@ where
     let body: Bytes = body.collect().await?.to_bytes();
     let path = head.uri.path().to_owned();
     let mut retries = 0;
-    // When this request may be sent again (its own Retry-After).
-    let mut not_before: Option<Instant> = None;
     loop {
-        if let Some(scope) = &scope {
-            let now = Instant::now();
-            let hold = match scope.kind {
-                Kind::Work => scope.budget.pushback().hold(now),
-                Kind::Lease => None,
-            };
-            if let Some(until) = not_before.max(hold).filter(|t| *t > now) {
-                if until > scope.deadline {
-                    return Err(BeyondDeadline {
-                        method: head.method.clone(),
-                        path,
-                        waited: until - now,
-                    }
-                    .into());
+        let room = match &scope {
+            Some(scope) if scope.kind == Kind::Work => {
+                if retries > 0 {
+                    scope.budget.acquire(head.method.as_str(), &path).await;
                 }
-                tokio::time::sleep_until(until).await;
-                scope.budget.retry_after_waited(until - now);
+                let account = scope.budget.pushback();
+                match tokio::time::timeout_at(scope.deadline, account.enter()).await {
+                    Ok(room) => Some(room),
+                    Err(_) => {
+                        return Err(NoRoom {
+                            method: head.method.clone(),
+                            path,
+                        }
+                        .into());
+                    }
+                }
             }
-            if retries > 0 && scope.kind == Kind::Work {
-                scope.budget.acquire(head.method.as_str(), &path).await;
-            }
-        } else if let Some(until) = not_before {
-            tokio::time::sleep_until(until).await;
-        }
-
+            _ => None,
+        };
+        let sent = Instant::now();
         let attempt = Request::from_parts(head.clone(), kube::client::Body::from(body.clone()));
         let response = inner.ready().await?.call(attempt).await?;
         let now = Instant::now();
-        let Some(wait) = retry_after(response.status(), response.headers()) else {
-            if let Some(scope) = &scope {
+        let wait = retry_after(response.status(), response.headers());
+        let too_many = wait.is_some() && response.status() == StatusCode::TOO_MANY_REQUESTS;
+        if let Some(scope) = &scope {
+            if room.is_some() {
+                scope.budget.pushback().answered(sent, now, too_many);
+            }
+            drop(room);
+            if too_many {
+                scope.budget.too_many_requests(
+                    now,
+                    wait.unwrap_or_default(),
+                    flow(response.headers()),
+                    scope.kind,
+                );
+            } else if wait.is_none() {
                 scope.budget.pushback_settled(now);
             }
+        }
+        let Some(wait) = wait else {
             return Ok(response);
         };
-        let too_many = response.status() == StatusCode::TOO_MANY_REQUESTS;
-        if let Some(scope) = &scope
-            && too_many
-        {
-            let flow = flow(response.headers());
-            scope
-                .budget
-                .too_many_requests(now, wait, scope.kind == Kind::Work, flow, scope.kind);
-        }
         if retries >= MAX_RETRIES {
             tracing::debug!(method = %head.method, path, retries, "the API server still turns the request away after the last retry");
             return Ok(response);
         }
-        let mut until = now + wait;
-        if let Some(scope) = &scope {
-            if scope.kind == Kind::Work {
-                until = until.max(scope.budget.pushback().hold(now).unwrap_or(now));
-            }
-            if until > scope.deadline {
-                tracing::debug!(method = %head.method, path, ?wait, "Retry-After ends beyond the request's deadline; not retried");
-                return Ok(response);
-            }
+        let until = now + wait;
+        if scope.as_ref().is_some_and(|s| until > s.deadline) {
+            tracing::debug!(method = %head.method, path, ?wait, "Retry-After ends beyond the request's deadline; not retried");
+            return Ok(response);
         }
         tracing::debug!(method = %head.method, path, status = response.status().as_u16(), ?wait, attempt = retries + 1, "Got a Retry-After response");
         drop(response);
+        tokio::time::sleep_until(until).await;
+        if let Some(scope) = &scope {
+            scope.budget.retry_after_waited(wait);
+        }
         retries += 1;
-        not_before = Some(until);
     }
 }
 

@@ -123,7 +123,9 @@ impl Squeeze {
                 .and_then(|st| st.conditions)
                 .unwrap_or_default()
                 .iter()
-                .any(|c| c.type_.as_deref() == Some("Dangling") && c.status.as_deref() == Some("False"));
+                .any(|c| {
+                    c.type_.as_deref() == Some("Dangling") && c.status.as_deref() == Some("False")
+                });
             if taken {
                 break;
             }
@@ -290,10 +292,7 @@ async fn watch_hub(port: u16, stop: CancellationToken) -> Shown {
                 .filter_map(|p| p["tooManyRequests"].as_u64())
                 .sum();
             shown.drivers_429 = shown.drivers_429.max(count);
-            if let Some(uid) = pushback
-                .iter()
-                .find_map(|p| p["priorityLevelUid"].as_str())
-            {
+            if let Some(uid) = pushback.iter().find_map(|p| p["priorityLevelUid"].as_str()) {
                 shown.priority_level_uid = Some(uid.to_string());
             }
             let throttled = pushback.iter().any(|p| p["throttled"] == true);
@@ -323,7 +322,9 @@ async fn watch_hub(port: u16, stop: CancellationToken) -> Shown {
         {
             shown.log_lines = text
                 .lines()
-                .filter(|l| l.contains("throttling this driver") || l.contains("no longer throttles"))
+                .filter(|l| {
+                    l.contains("throttling this driver") || l.contains("no longer throttles")
+                })
                 .map(str::to_string)
                 .collect();
         }

@@ -5,6 +5,8 @@ use std::collections::VecDeque;
 
 use http_body_util::Full;
 
+use std::sync::atomic::AtomicU64;
+
 use super::*;
 use crate::k8s::budget::{FairCap, Limit};
 use crate::metrics::{Limiter, Observer};
@@ -21,25 +23,33 @@ struct Answer(u16, Option<&'static str>);
 struct Fake {
     seen: Arc<Mutex<Vec<Seen>>>,
     client: kube::Client,
+    /// Milliseconds the server takes to answer.
+    latency: Arc<AtomicU64>,
 }
 
 impl Fake {
     fn new(script: &[Answer]) -> Self {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let latency: Arc<AtomicU64> = Arc::default();
+        let shared_latency = latency.clone();
         let script = Arc::new(Mutex::new(script.iter().copied().collect::<VecDeque<_>>()));
         let record = seen.clone();
         let service = tower::service_fn(move |request: Request<kube::client::Body>| {
             let record = record.clone();
+            let latency = shared_latency.clone();
             let answer = script.lock().pop_front().unwrap_or(Answer(200, None));
+            let latency = latency.clone();
             async move {
                 let (head, body) = request.into_parts();
                 let body = body.collect().await?.to_bytes();
+                let delay = Duration::from_millis(latency.load(Ordering::Relaxed));
                 record.lock().push((
                     Instant::now(),
                     head.method.to_string(),
                     head.uri.path().to_owned(),
                     body,
                 ));
+                tokio::time::sleep(delay).await;
                 let mut response = Response::builder()
                     .status(answer.0)
                     .header(PRIORITY_LEVEL_HEADER, "pl-uid")
@@ -65,6 +75,7 @@ impl Fake {
         Self {
             seen,
             client: kube::Client::new(service, "default"),
+            latency,
         }
     }
 
@@ -280,90 +291,150 @@ async fn a_retry_spends_the_drivers_budget_like_a_new_request() {
     assert_eq!(seen[1].0 - start, Duration::from_secs(1));
 }
 
-/// One driver's 429 holds its own work until the Retry-After it was given, never its Lease
-/// calls, never another driver's requests.
+/// One driver's 429 narrows its own window of work requests in flight, never its Lease calls,
+/// never another driver's requests; the window widens with answers and opens when the
+/// stretch ends.
 #[tokio::test(start_paused = true)]
-async fn a_throttled_drivers_work_waits_but_not_its_lease_calls_nor_other_drivers() {
-    let fake = Arc::new(Fake::new(&[Answer(429, Some("5"))]));
+async fn a_429_narrows_the_drivers_window_but_not_its_lease_calls_nor_other_drivers() {
+    let fake = Arc::new(Fake::new(&[Answer(429, Some("1")); 4]));
+    fake.latency.store(100, Ordering::Relaxed);
     let (a, _) = budget("a", Limit::Unlimited);
     let (b, _) = budget("b", Limit::Unlimited);
+    // Four of a's requests in flight are turned away at once: one narrowing, to 2.
+    let first: Vec<_> = (0..4)
+        .map(|i| {
+            let (fake, a) = (fake.clone(), a.clone());
+            tokio::spawn(async move {
+                scoped(
+                    work(&a, Duration::from_secs(30)),
+                    fake.patch(&format!("va-{i}")),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let status = a.status().pushback;
+    assert_eq!(status.too_many_requests, 4);
+    assert_eq!(status.window, Some(2.0), "half of the 4 in flight, once");
+    // Six more of a's, a Lease call of a's and six of b's, all at 150 ms.
     let start = Instant::now();
-    let throttled = tokio::spawn({
-        let (fake, a) = (fake.clone(), a.clone());
-        async move { scoped(work(&a, Duration::from_secs(30)), fake.patch("va-1")).await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(fake.seen().len(), 1, "the first request was turned away");
-    let at = |fake: &Fake, path: &str| {
+    let more: Vec<_> = (0..6)
+        .map(|i| {
+            let (fake, a) = (fake.clone(), a.clone());
+            tokio::spawn(async move {
+                scoped(
+                    work(&a, Duration::from_secs(30)),
+                    fake.patch(&format!("more-{i}")),
+                )
+                .await
+            })
+        })
+        .collect();
+    let others: Vec<_> = (0..6)
+        .map(|i| {
+            let (fake, b) = (fake.clone(), b.clone());
+            tokio::spawn(async move {
+                scoped(
+                    work(&b, Duration::from_secs(30)),
+                    fake.patch(&format!("other-{i}")),
+                )
+                .await
+            })
+        })
+        .collect();
+    scoped(
+        Scope::new(
+            a.clone(),
+            Kind::Lease,
+            Instant::now() + Duration::from_secs(10),
+        ),
+        fake.patch("lease-a"),
+    )
+    .await
+    .expect("200");
+    for t in more.into_iter().chain(others).chain(first) {
+        t.await.expect("task").expect("200");
+    }
+    let sent_at = |prefix: &str| -> Vec<Duration> {
         fake.seen()
             .iter()
-            .find(|s| s.2.ends_with(path))
+            .filter(|s| {
+                s.2.rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
             .map(|s| s.0 - start)
+            .collect()
     };
-    let (more, lease, other) = tokio::join!(
-        scoped(work(&a, Duration::from_secs(30)), fake.patch("va-2")),
-        scoped(
-            Scope::new(
-                a.clone(),
-                Kind::Lease,
-                Instant::now() + Duration::from_secs(10)
-            ),
-            fake.patch("lease-a")
-        ),
-        scoped(work(&b, Duration::from_secs(30)), fake.patch("va-b")),
-    );
-    more.expect("200");
-    lease.expect("200");
-    other.expect("200");
-    throttled.await.expect("task").expect("200 on the retry");
-    assert_eq!(at(&fake, "lease-a"), Some(Duration::from_millis(100)));
-    assert_eq!(at(&fake, "va-b"), Some(Duration::from_millis(100)));
     assert_eq!(
-        at(&fake, "va-2"),
-        Some(Duration::from_secs(5)),
-        "held until the driver's Retry-After ended"
+        sent_at("lease-a"),
+        [Duration::ZERO],
+        "a Lease call never waits for room"
     );
-    let pushback = a.status().pushback;
-    assert_eq!(pushback.too_many_requests, 1);
-    // va-1's retry and va-2's hold: 5 s and 4.9 s.
-    assert_eq!(pushback.retry_after_wait_seconds, 9.9);
-    assert_eq!(b.status().pushback.too_many_requests, 0);
+    assert!(
+        sent_at("other-").iter().all(|t| t.is_zero()),
+        "b has a window of its own"
+    );
+    // a's six went out at most two at a time (the window widens by 1/limit per answer, so
+    // from 2 to 2.5, 2.9, ... and three at a time after four answers).
+    let more = sent_at("more-");
+    assert_eq!(more.len(), 6);
+    assert!(more.iter().filter(|t| t.is_zero()).count() <= 2, "{more:?}");
+    assert!(
+        more.iter().any(|t| *t >= Duration::from_millis(100)),
+        "{more:?}"
+    );
+    // Quiet for a while: the window opens.
+    tokio::time::sleep(STRETCH_QUIET).await;
+    let status = a.status().pushback;
+    assert!(!status.throttled);
+    assert_eq!(status.window, None);
+    assert_eq!(status.in_flight, 0);
 }
 
 #[tokio::test(start_paused = true)]
-async fn work_held_beyond_its_deadline_fails_at_once_without_being_sent() {
-    let fake = Fake::new(&[Answer(429, Some("30"))]);
+async fn work_that_finds_no_room_before_its_deadline_fails_without_being_sent() {
+    let fake = Arc::new(Fake::new(&[Answer(429, Some("0"))]));
     let (a, _) = budget("a", Limit::Unlimited);
-    // 30 s is within this request's 60 s, but not within the next one's 10 s.
-    let first = tokio::spawn({
-        let a = a.clone();
-        let fake_client = fake.client.clone();
-        async move {
-            let request = Request::get("/api/v1/namespaces/ns/secrets/s")
-                .body(Vec::new())
-                .expect("valid");
-            scoped(
-                work(&a, Duration::from_secs(60)),
-                fake_client.request_text(request),
-            )
-            .await
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let start = Instant::now();
-    let e = scoped(work(&a, Duration::from_secs(10)), fake.patch("va-2"))
+    // Narrowed to one by a 429, then widened to two by the 200 of its retry.
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("va-1"))
         .await
-        .expect_err("held beyond its deadline");
-    assert_eq!(start.elapsed(), Duration::ZERO);
+        .expect("200");
+    assert_eq!(a.status().pushback.window, Some(2.0));
+    // Two slow requests take the room; the next one's deadline passes while it waits.
+    fake.latency.store(20_000, Ordering::Relaxed);
+    let slow: Vec<_> = (0..2)
+        .map(|i| {
+            let (fake, a) = (fake.clone(), a.clone());
+            tokio::spawn(async move {
+                scoped(
+                    work(&a, Duration::from_secs(30)),
+                    fake.patch(&format!("slow-{i}")),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(a.status().pushback.in_flight, 2);
+    let start = Instant::now();
+    let e = scoped(work(&a, Duration::from_secs(5)), fake.patch("va-2"))
+        .await
+        .expect_err("no room before its deadline");
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
     assert!(
-        e.to_string().contains("beyond this request's deadline"),
+        e.to_string()
+            .contains("no room before this request's deadline"),
         "{e}"
     );
     assert!(
         !fake.seen().iter().any(|s| s.2.ends_with("va-2")),
         "never sent"
     );
-    first.await.expect("task").expect("200 on the retry");
+    for t in slow {
+        t.await.expect("task").expect("200");
+    }
 }
 
 #[tokio::test(start_paused = true)]
