@@ -179,6 +179,7 @@ fn configs(k: &Knobs, hub_has_cap: bool) -> Vec<Config> {
         workload,
         settle: k.settle,
         timeout: k.timeout,
+        restart: false,
     };
     let noisy = Workload::Noisy {
         noisy: k.noisy_vas,

@@ -151,6 +151,9 @@ pub(crate) struct RunSpec {
     /// Limit for the attaches (and for the detaches) of the workload; a run
     /// that hits it is reported as incomplete, with lower bounds.
     pub(crate) timeout: Duration,
+    /// Restart a Go sidecar that exits (it does when it loses its Lease) a second later, as
+    /// the kubelet restarts a container, instead of failing the run.
+    pub(crate) restart: bool,
 }
 
 /// What one run measured.
@@ -204,6 +207,9 @@ pub(crate) struct Sample {
     pub(crate) noisy_attached: Option<usize>,
     /// Why the run did not complete (a timeout); its figures are lower bounds.
     pub(crate) incomplete: Option<String>,
+    /// Times a contender stopped leading a driver because it lost the Lease (from its log,
+    /// before it is stopped).
+    pub(crate) lease_losses: usize,
 }
 
 impl Sample {
@@ -491,6 +497,11 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
         sample.publishes += publishes.len();
         sample.duplicate_publishes += publishes.len() - distinct.len();
     }
+    let lost = match contender {
+        Contender::Fleet => GO_LEASE_LOST,
+        Contender::Hub => HUB_LEASE_LOST,
+    };
+    sample.lease_losses = processes.iter().map(|p| p.count_in_output(lost)).sum();
     join_all(processes.iter_mut().map(ChildProcess::stop)).await;
     let mut mocks = mocks;
     join_all(mocks.iter_mut().map(MockProcess::stop)).await;
@@ -508,6 +519,17 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
     remove_all::<Lease>(&Api::namespaced(client.clone(), LEASE_NAMESPACE), &leases).await;
     sample
 }
+
+/// What the Go external-attacher logs when it loses its Lease (then it exits).
+const GO_LEASE_LOST: &str = "Stopped leading";
+
+/// What the hub logs when a driver's Lease is lost.
+const HUB_LEASE_LOST: &str = "stopped leading: lost the lease";
+
+/// A Go sidecar run again a second after it exits, until it is stopped (SIGTERM stops the one
+/// running); its arguments follow.
+const RESTART_LOOP: &str = "trap 'kill $pid 2>/dev/null; exit 0' TERM INT; \
+    while :; do \"$0\" \"$@\" & pid=$!; wait $pid; sleep 1; done";
 
 /// Readings of the watch gauge per run.
 const WATCH_READINGS: usize = 3;
@@ -675,7 +697,14 @@ fn start(
         Contender::Fleet => mocks
             .iter()
             .map(|m| {
-                let mut cmd = Command::new(cluster.bin("csi-attacher"));
+                let mut cmd = if spec.restart {
+                    let mut sh = Command::new("sh");
+                    sh.args(["-c", RESTART_LOOP])
+                        .arg(cluster.bin("csi-attacher"));
+                    sh
+                } else {
+                    Command::new(cluster.bin("csi-attacher"))
+                };
                 cmd.arg(&kubeconfig)
                     .arg(format!("--csi-address={}", m.socket().display()))
                     .arg(format!("--leader-election-namespace={LEASE_NAMESPACE}"))

@@ -187,7 +187,9 @@ pub(crate) struct Side {
     pub(crate) sample: Sample,
     /// Requests the API server turned away with 429 during the run.
     pub(crate) rejected: f64,
-    /// Leases taken by another holder, or not renewed for longer than their duration.
+    /// Leases lost: times a contender stopped leading because its Lease was lost (its log),
+    /// and Leases taken by another holder or not renewed for longer than their duration (a
+    /// watch).
     pub(crate) lease_losses: Vec<String>,
     /// The hub only: what it showed of the throttling.
     pub(crate) shown: Option<Shown>,
@@ -232,6 +234,8 @@ pub(crate) fn spec(timeout: Duration, settle: Duration, hub_flags: Vec<String>) 
         },
         settle,
         timeout,
+        // A Go sidecar that loses its Lease to the squeeze exits; the kubelet would restart it.
+        restart: true,
     }
 }
 
@@ -260,11 +264,18 @@ pub(crate) async fn run_side(
         Some(task) => Some(task.await.expect("the hub poller")),
         None => None,
     };
+    let mut lease_losses = leases.stop();
+    if sample.lease_losses > 0 {
+        lease_losses.push(format!(
+            "stopped leading {} time(s): the Lease was lost",
+            sample.lease_losses
+        ));
+    }
     Side {
         contender,
         sample,
         rejected: after - before,
-        lease_losses: leases.stop(),
+        lease_losses,
         shown,
     }
 }
@@ -461,6 +472,10 @@ pub(crate) fn table(sides: &[&Side]) -> String {
         "| contender | 300 attached | 100 gone | requests rejected with 429 | lost | Lease losses |\n|---|---|---|---|---|---|\n",
     );
     for s in sides {
+        let losses = s
+            .sample
+            .lease_losses
+            .max(usize::from(!s.lease_losses.is_empty()));
         md.push_str(&format!(
             "| {} | {:.1} s | {} | {:.0} | {} | {} |\n",
             s.contender.label(DRIVERS),
@@ -470,7 +485,7 @@ pub(crate) fn table(sides: &[&Side]) -> String {
                 .map_or_else(|| "-".to_string(), |d| format!("{d:.1} s")),
             s.rejected,
             s.sample.incomplete.as_deref().unwrap_or("none"),
-            s.lease_losses.len(),
+            losses,
         ));
     }
     md
@@ -520,6 +535,13 @@ pub(crate) async fn bench_section(
         md.push_str(&format!("Run {}:\n\n", i + 1));
         md.push_str(&table(&pair.iter().collect::<Vec<_>>()));
         let [go, hub] = [&pair[0], &pair[1]];
+        if let Some(shown) = &hub.shown {
+            md.push_str(&format!(
+                "\nThe hub counted {:.0} 429s itself (`attacher_hub_api_too_many_requests_total`; \
+                 the shared watches' are not a driver's) and waited {:.1} s for `Retry-After`.\n",
+                shown.metric_429, shown.metric_wait
+            ));
+        }
         let v = violations(go, hub);
         if v.is_empty() {
             md.push_str("\nThe hub: no more 429s, no later, nothing lost, Leases kept.\n\n");
