@@ -39,9 +39,10 @@
 //! sending into the priority level that just said it is full, and each finds out alone. Here a
 //! 429 to one of a driver's work requests (VA and PV writes, Secret and PV reads) also narrows
 //! the number of that driver's work requests in flight to half of what was in flight (at least
-//! one), as a TCP sender halves its window on a loss; each answer that is not pushback widens it
-//! again by about one request per round of answers, and it opens fully once the throttled
-//! stretch is over ([`STRETCH_QUIET`]). Only 429s sent after the last narrowing narrow it again,
+//! one), as a TCP sender halves its window on a loss; while it is full and nothing is refused it
+//! widens again by one request a second ([`WIDEN_EVERY`]: slower than TCP, because a refusal
+//! costs a whole `Retry-After`), and it opens fully once the throttled stretch is over
+//! ([`STRETCH_QUIET`]). Only 429s sent after the last narrowing narrow it again,
 //! so one crowd of refusals counts once. A throttled driver so keeps about as many requests in
 //! flight as its share of the level takes, instead of refilling the queue with refusals. Its
 //! Lease calls never wait for room (a leader's renewals are not queued behind its own writes),
@@ -82,6 +83,11 @@ pub const FLOW_SCHEMA_HEADER: &str = "x-kubernetes-pf-flowschema-uid";
 /// also the shortest gap between two of its start lines, which keeps the log quiet under
 /// throttling that comes and goes.
 pub const STRETCH_QUIET: Duration = Duration::from_secs(10);
+
+/// A narrowed window widens by one request at most this often, and only while it is full and
+/// nothing is refused: probing slowly, because a refusal costs its request a `Retry-After` of
+/// a second or more (API Priority and Fairness raises it while it keeps dropping requests).
+pub const WIDEN_EVERY: Duration = Duration::from_secs(1);
 
 /// How long the server asks to wait before the request is sent again, if it asks (see the
 /// module's rules): `Some` for a 429 or a 5xx with a whole number of seconds in `Retry-After`.
@@ -137,6 +143,8 @@ struct Window {
     in_flight: usize,
     /// When it was last narrowed: only 429s to requests sent since narrow it again.
     narrowed: Option<Instant>,
+    /// When it was last narrowed or widened.
+    changed: Option<Instant>,
 }
 
 /// A work request's place in its driver's window; gives it back when dropped.
@@ -220,20 +228,29 @@ impl Account {
         }
     }
 
-    /// The answer to a work request sent at `sent` came at `now`: a 429 (`refused`) narrows
-    /// the window to half of what is in flight, unless it was sent before the last narrowing;
-    /// any other answer widens a narrowed window by `1 / limit`.
+    /// The answer to a work request sent at `sent` came at `now` (its room still held): a 429
+    /// (`refused`) narrows the window to half of what is in flight, unless it was sent before
+    /// the last narrowing; any other answer to a full window widens it by one, at most once
+    /// per [`WIDEN_EVERY`].
     pub(crate) fn answered(&self, sent: Instant, now: Instant, refused: bool) {
         let mut w = self.window.lock();
         if refused {
             if w.narrowed.is_none_or(|t| sent >= t) {
                 let flight = w.in_flight as f64;
                 let base = w.limit.map_or(flight, |l| l.min(flight));
-                w.limit = Some((base / 2.0).max(1.0));
+                w.limit = Some((base / 2.0).max(1.0).floor());
                 w.narrowed = Some(now);
+                w.changed = Some(now);
             }
         } else if let Some(l) = w.limit {
-            w.limit = Some(l + 1.0 / l);
+            let full = w.in_flight as f64 >= l;
+            let due = w
+                .changed
+                .is_none_or(|t| now.saturating_duration_since(t) >= WIDEN_EVERY);
+            if full && due {
+                w.limit = Some(l + 1.0);
+                w.changed = Some(now);
+            }
         }
     }
 
@@ -253,6 +270,7 @@ impl Account {
         let mut w = self.window.lock();
         w.limit = None;
         w.narrowed = None;
+        w.changed = None;
         drop(w);
         self.freed.notify_waiters();
         Some((last.saturating_duration_since(since), count))
@@ -276,7 +294,7 @@ impl Account {
                 .since
                 .filter(|_| throttled)
                 .map(|t| now.saturating_duration_since(t).as_secs_f64()),
-            window: w.limit.map(f64::floor),
+            window: w.limit,
             in_flight: w.in_flight,
             priority_level_uid: s.priority_level.clone(),
             flow_schema_uid: s.flow_schema.clone(),

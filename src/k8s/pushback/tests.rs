@@ -376,15 +376,12 @@ async fn a_429_narrows_the_drivers_window_but_not_its_lease_calls_nor_other_driv
         sent_at("other-").iter().all(|t| t.is_zero()),
         "b has a window of its own"
     );
-    // a's six went out at most two at a time (the window widens by 1/limit per answer, so
-    // from 2 to 2.5, 2.9, ... and three at a time after four answers).
-    let more = sent_at("more-");
-    assert_eq!(more.len(), 6);
-    assert!(more.iter().filter(|t| t.is_zero()).count() <= 2, "{more:?}");
-    assert!(
-        more.iter().any(|t| *t >= Duration::from_millis(100)),
-        "{more:?}"
-    );
+    // a's six went out two at a time, 100 ms apart (the window widens by one a second at
+    // most, and only while it is full).
+    let mut more = sent_at("more-");
+    more.sort();
+    let ms = |m: u64| Duration::from_millis(m);
+    assert_eq!(more, [ms(0), ms(0), ms(100), ms(100), ms(200), ms(200)]);
     // Quiet for a while: the window opens.
     tokio::time::sleep(STRETCH_QUIET).await;
     let status = a.status().pushback;
@@ -394,17 +391,56 @@ async fn a_429_narrows_the_drivers_window_but_not_its_lease_calls_nor_other_driv
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_full_window_widens_by_one_a_second_while_nothing_is_refused() {
+    let fake = Arc::new(Fake::new(&[Answer(429, Some("0"))]));
+    fake.latency.store(100, Ordering::Relaxed);
+    let (a, _) = budget("a", Limit::Unlimited);
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("va-0"))
+        .await
+        .expect("200 on the retry");
+    assert_eq!(a.status().pushback.window, Some(1.0));
+    // Four workers keep the window full for 3.5 s.
+    let start = Instant::now();
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (fake, a) = (fake.clone(), a.clone());
+            tokio::spawn(async move {
+                while start.elapsed() < Duration::from_millis(3500) {
+                    scoped(
+                        work(&a, Duration::from_secs(30)),
+                        fake.patch(&format!("w-{w}")),
+                    )
+                    .await
+                    .expect("200");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("worker");
+    }
+    // Narrowed at 0.1 s; widened at about 1.1, 2.1 and 3.1 s.
+    assert_eq!(a.status().pushback.window, Some(4.0));
+    // A window that is not full does not widen.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("alone"))
+        .await
+        .expect("200");
+    assert_eq!(a.status().pushback.window, Some(4.0));
+}
+
+#[tokio::test(start_paused = true)]
 async fn work_that_finds_no_room_before_its_deadline_fails_without_being_sent() {
     let fake = Arc::new(Fake::new(&[Answer(429, Some("0"))]));
     let (a, _) = budget("a", Limit::Unlimited);
-    // Narrowed to one by a 429, then widened to two by the 200 of its retry.
+    // Narrowed to one by a 429; the 200 of its retry comes within a second: still one.
     scoped(work(&a, Duration::from_secs(30)), fake.patch("va-1"))
         .await
         .expect("200");
-    assert_eq!(a.status().pushback.window, Some(2.0));
-    // Two slow requests take the room; the next one's deadline passes while it waits.
+    assert_eq!(a.status().pushback.window, Some(1.0));
+    // A slow request takes the room; the next one's deadline passes while it waits.
     fake.latency.store(20_000, Ordering::Relaxed);
-    let slow: Vec<_> = (0..2)
+    let slow: Vec<_> = (0..1)
         .map(|i| {
             let (fake, a) = (fake.clone(), a.clone());
             tokio::spawn(async move {
@@ -417,7 +453,7 @@ async fn work_that_finds_no_room_before_its_deadline_fails_without_being_sent() 
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(a.status().pushback.in_flight, 2);
+    assert_eq!(a.status().pushback.in_flight, 1);
     let start = Instant::now();
     let e = scoped(work(&a, Duration::from_secs(5)), fake.patch("va-2"))
         .await
