@@ -258,7 +258,7 @@ const SQUEEZE_TIMEOUT: Duration = Duration::from_secs(180);
 const SQUEEZE_SETTLE: Duration = Duration::from_secs(3);
 
 /// API Priority and Fairness squeezes the attachers' identity to about 3 seats and a queue of
-/// 2 (`bench/squeeze.rs`); the Go fleet (3 external-attachers) and the hub, one after the other
+/// 2 (`bench/squeeze.rs`, a fresh level for each side); the Go fleet (3 external-attachers) and the hub, one after the other
 /// in this run, each attach 300 VAs on 3 drivers and delete 100. The hub must receive no more
 /// 429s than the fleet (the API server's own count), settle no later, lose nothing and keep its
 /// Leases; and while it runs, show the throttling in `/drivers`, its metrics, `attacher-hub
@@ -269,9 +269,7 @@ async fn apf_squeeze() {
     known::gate("apf_squeeze", async {
         let _alone = ALONE.acquire().await.unwrap();
         let cluster = Cluster::get();
-        let client = cluster.client().await;
         let mut report = Report::new("apf_squeeze");
-        let squeeze = squeeze::Squeeze::apply(&client).await;
         let go = squeeze::run_side(
             cluster,
             scenario::Contender::Fleet,
@@ -286,7 +284,6 @@ async fn apf_squeeze() {
             SQUEEZE_SETTLE,
         )
         .await;
-        squeeze.remove().await;
         known::loud(&squeeze::table(&[&go, &hub]));
         for (tag, s) in [("go", &go), ("hub", &hub)] {
             report.figure(&format!("{tag}_429"), s.rejected);

@@ -32,7 +32,10 @@ use tokio_util::sync::CancellationToken;
 use crate::scenario::{self, Contender, RunSpec, Sample, Workload};
 use crate::support::Cluster;
 
-/// Name of the FlowSchema and of the PriorityLevelConfiguration.
+/// Name of the FlowSchema, and the first part of the PriorityLevelConfiguration's (one per
+/// side: the API server raises a level's `Retry-After` while it drops requests and lowers it
+/// only as it drops more, so a side on a level the other side left would start with its
+/// `Retry-After`).
 pub(crate) const SQUEEZE: &str = "attacher-hub-squeeze";
 
 /// The identity both sides use (`scripts/cluster-up.sh`'s attacher kubeconfig).
@@ -58,20 +61,24 @@ const POLL: Duration = Duration::from_millis(250);
 /// The squeeze, in place until [`Squeeze::remove`].
 pub(crate) struct Squeeze {
     client: Client,
+    /// The level's name.
+    level: String,
 }
 
 impl Squeeze {
-    /// Creates the level and the FlowSchema (replacing leftovers of an earlier run) and waits
-    /// until the API server uses them.
-    pub(crate) async fn apply(client: &Client) -> Squeeze {
+    /// Creates a level of its own for `tag` and the FlowSchema (replacing leftovers of an
+    /// earlier run) and waits until the API server uses them.
+    pub(crate) async fn apply(client: &Client, tag: &str) -> Squeeze {
         let squeeze = Squeeze {
             client: client.clone(),
+            level: format!("{SQUEEZE}-{tag}"),
         };
         squeeze.delete().await;
+        let level_name = squeeze.level.clone();
         let level: PriorityLevelConfiguration = serde_json::from_value(json!({
             "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
             "kind": "PriorityLevelConfiguration",
-            "metadata": {"name": SQUEEZE},
+            "metadata": {"name": level_name},
             "spec": {
                 "type": "Limited",
                 "limited": {
@@ -92,7 +99,7 @@ impl Squeeze {
             "kind": "FlowSchema",
             "metadata": {"name": SQUEEZE},
             "spec": {
-                "priorityLevelConfiguration": {"name": SQUEEZE},
+                "priorityLevelConfiguration": {"name": level_name},
                 // Before the built-in service-accounts (9000) and catch-all (10000) schemas.
                 "matchingPrecedence": 500,
                 "distinguisherMethod": {"type": "ByUser"},
@@ -107,7 +114,7 @@ impl Squeeze {
         Api::<PriorityLevelConfiguration>::all(client.clone())
             .create(&PostParams::default(), &level)
             .await
-            .unwrap_or_else(|e| panic!("creating PriorityLevelConfiguration {SQUEEZE}: {e}"));
+            .unwrap_or_else(|e| panic!("creating PriorityLevelConfiguration {level_name}: {e}"));
         let schemas = Api::<FlowSchema>::all(client.clone());
         schemas
             .create(&PostParams::default(), &schema)
@@ -143,9 +150,16 @@ impl Squeeze {
         let _ = Api::<FlowSchema>::all(self.client.clone())
             .delete(SQUEEZE, &dp)
             .await;
-        let _ = Api::<PriorityLevelConfiguration>::all(self.client.clone())
-            .delete(SQUEEZE, &dp)
-            .await;
+        let levels = Api::<PriorityLevelConfiguration>::all(self.client.clone());
+        let _ = levels.delete(&self.level, &dp).await;
+        // Until the level is gone (a new one of the same name would be a new object, but the
+        // API server's flow control could still hold the old one's state).
+        for _ in 0..50 {
+            if matches!(levels.get_opt(&self.level).await, Ok(None)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Takes the squeeze away.
@@ -239,7 +253,15 @@ pub(crate) fn spec(timeout: Duration, settle: Duration, hub_flags: Vec<String>) 
     }
 }
 
-/// Runs `contender` under the squeeze (which must be applied) and measures it.
+/// The level's name part for `contender`.
+fn contender_tag(contender: Contender) -> &'static str {
+    match contender {
+        Contender::Fleet => "go",
+        Contender::Hub => "hub",
+    }
+}
+
+/// Runs `contender` under a squeeze of its own (a fresh level) and measures it.
 pub(crate) async fn run_side(
     cluster: &Cluster,
     contender: Contender,
@@ -250,6 +272,7 @@ pub(crate) async fn run_side(
     let port = crate::support::free_port();
     let hub_flags = vec![format!("--http-endpoint=127.0.0.1:{port}")];
     let spec = spec(timeout, settle, hub_flags);
+    let squeeze = Squeeze::apply(&client, contender_tag(contender)).await;
     let leases = LeaseWatch::start(&client).await;
     let stop = CancellationToken::new();
     let poller = (contender == Contender::Hub).then(|| {
@@ -259,6 +282,7 @@ pub(crate) async fn run_side(
     let before = rejected(&client).await;
     let sample = scenario::run(cluster, contender, &spec).await;
     let after = rejected(&client).await;
+    squeeze.remove().await;
     stop.cancel();
     let shown = match poller {
         Some(task) => Some(task.await.expect("the hub poller")),
@@ -500,8 +524,6 @@ pub(crate) async fn bench_section(
     timeout: Duration,
     settle: Duration,
 ) -> String {
-    let client = cluster.client().await;
-    let squeeze = Squeeze::apply(&client).await;
     let mut pairs = Vec::new();
     for rep in 0..repeats {
         let mut order = vec![Contender::Fleet, Contender::Hub];
@@ -522,13 +544,12 @@ pub(crate) async fn bench_section(
         sides.sort_by_key(|s| s.contender);
         pairs.push(sides);
     }
-    squeeze.remove().await;
     let mut md = format!(
         "\n## squeeze: API Priority and Fairness squeezes the attachers (issue 31)\n\n\
          A FlowSchema puts every request of the attachers' ServiceAccount in a priority level of \
          about 3 seats and one queue of 2; {DRIVERS} drivers, {} VAs attached, then {DETACH} \
-         deleted; QPS 100 / burst 200 on both sides. 429s are the API server's own count of the \
-         requests it turned away for the FlowSchema during each run.\n\n",
+         deleted; QPS 100 / burst 200 on both sides; each run on a fresh level. 429s are the API \
+         server's own count of the requests it turned away for the FlowSchema during each run.\n\n",
         DRIVERS * PER_DRIVER
     );
     for (i, pair) in pairs.iter().enumerate() {
