@@ -292,7 +292,7 @@ async fn apf_squeeze() {
                 &format!("{tag}_detach_s"),
                 s.sample.detach.map_or("-".into(), |d| format!("{d:.1}")),
             );
-            report.figure(&format!("{tag}_lease_losses"), s.lease_losses.len());
+            report.figure(&format!("{tag}_lease_losses"), s.lease_losses_count);
         }
         report.violations(squeeze::violations(&go, &hub));
 

@@ -205,6 +205,8 @@ pub(crate) struct Side {
     /// and Leases taken by another holder or not renewed for longer than their duration (a
     /// watch).
     pub(crate) lease_losses: Vec<String>,
+    /// How many times a Lease was lost: the more of the log's count and the watch's.
+    pub(crate) lease_losses_count: usize,
     /// The hub only: what it showed of the throttling.
     pub(crate) shown: Option<Shown>,
 }
@@ -289,6 +291,7 @@ pub(crate) async fn run_side(
         None => None,
     };
     let mut lease_losses = leases.stop();
+    let lease_losses_count = sample.lease_losses.max(lease_losses.len());
     if sample.lease_losses > 0 {
         lease_losses.push(format!(
             "stopped leading {} time(s): the Lease was lost",
@@ -296,6 +299,7 @@ pub(crate) async fn run_side(
         ));
     }
     Side {
+        lease_losses_count,
         contender,
         sample,
         rejected: after - before,
@@ -418,17 +422,19 @@ fn hub_stderr(port: u16) -> Option<std::path::PathBuf> {
     None
 }
 
+/// Per Lease: each write seen (when, holder).
+type LeaseWrites = Arc<Mutex<BTreeMap<String, Vec<(Instant, String)>>>>;
+
 /// Every write of the Leases of the bench's namespace, while it runs.
 struct LeaseWatch {
-    /// Per Lease: (when seen, holder).
-    seen: Arc<Mutex<BTreeMap<String, Vec<(Instant, String)>>>>,
+    seen: LeaseWrites,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl LeaseWatch {
     async fn start(client: &Client) -> LeaseWatch {
         let api: Api<Lease> = Api::namespaced(client.clone(), scenario::LEASE_NAMESPACE);
-        let seen: Arc<Mutex<BTreeMap<String, Vec<(Instant, String)>>>> = Arc::default();
+        let seen: LeaseWrites = Arc::default();
         let shared = seen.clone();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
@@ -496,10 +502,6 @@ pub(crate) fn table(sides: &[&Side]) -> String {
         "| contender | 300 attached | 100 gone | requests rejected with 429 | lost | Lease losses |\n|---|---|---|---|---|---|\n",
     );
     for s in sides {
-        let losses = s
-            .sample
-            .lease_losses
-            .max(usize::from(!s.lease_losses.is_empty()));
         md.push_str(&format!(
             "| {} | {:.1} s | {} | {:.0} | {} | {} |\n",
             s.contender.label(DRIVERS),
@@ -509,7 +511,7 @@ pub(crate) fn table(sides: &[&Side]) -> String {
                 .map_or_else(|| "-".to_string(), |d| format!("{d:.1} s")),
             s.rejected,
             s.sample.incomplete.as_deref().unwrap_or("none"),
-            losses,
+            s.lease_losses_count,
         ));
     }
     md
