@@ -42,7 +42,7 @@
 //! one), as a TCP sender halves its window on a loss; while it is full and nothing is refused it
 //! widens again by one request a second ([`WIDEN_EVERY`]: slower than TCP, because a refusal
 //! costs a whole `Retry-After`), and it opens fully once the throttled stretch is over
-//! ([`STRETCH_QUIET`]). Only 429s sent after the last narrowing narrow it again,
+//! ([`STRETCH_QUIET`]). Only 429s to requests sent after the last narrowing narrow it again,
 //! so one crowd of refusals counts once. A throttled driver so keeps about as many requests in
 //! flight as its share of the level takes, instead of refilling the queue with refusals. Its
 //! Lease calls never wait for room (a leader's renewals are not queued behind its own writes),
