@@ -41,8 +41,8 @@
 //! the number of that driver's work requests in flight to half of what was in flight (at least
 //! one), as a TCP sender halves its window on a loss; while it is full and nothing is refused it
 //! widens again by one request a second ([`WIDEN_EVERY`]: slower than TCP, because a refusal
-//! costs a whole `Retry-After`), and it opens fully once the throttled stretch is over
-//! ([`STRETCH_QUIET`]). Only 429s to requests sent after the last narrowing narrow it again,
+//! costs a whole `Retry-After`), and it opens fully only after [`WINDOW_REOPEN`] without a
+//! narrowing, so the driver's next burst does not go out as one crowd. Only 429s to requests sent after the last narrowing narrow it again,
 //! so one crowd of refusals counts once. A throttled driver so keeps about as many requests in
 //! flight as its share of the level takes, instead of refilling the queue with refusals. Its
 //! Lease calls never wait for room (a leader's renewals are not queued behind its own writes),
@@ -88,6 +88,13 @@ pub const STRETCH_QUIET: Duration = Duration::from_secs(10);
 /// nothing is refused: probing slowly, because a refusal costs its request a `Retry-After` of
 /// a second or more (API Priority and Fairness raises it while it keeps dropping requests).
 pub const WIDEN_EVERY: Duration = Duration::from_secs(1);
+
+/// A narrowed window opens fully at the first answer this long after its last narrowing.
+/// Longer than a throttled stretch: a window that opened as soon as the driver went quiet would
+/// send the driver's next burst (the detaches after the attaches) as one crowd into the level
+/// that just refused it, and a crowd of refusals makes API Priority and Fairness raise its
+/// `Retry-After` (it doubles while drops go on), which every refused request then waits.
+pub const WINDOW_REOPEN: Duration = Duration::from_secs(120);
 
 /// How long the server asks to wait before the request is sent again, if it asks (see the
 /// module's rules): `Some` for a 429 or a 5xx with a whole number of seconds in `Retry-After`.
@@ -242,6 +249,16 @@ impl Account {
                 w.narrowed = Some(now);
                 w.changed = Some(now);
             }
+        } else if w
+            .narrowed
+            .is_some_and(|t| now.saturating_duration_since(t) >= WINDOW_REOPEN)
+        {
+            // Long without a refusal: the level has room again.
+            w.limit = None;
+            w.narrowed = None;
+            w.changed = None;
+            drop(w);
+            self.freed.notify_waiters();
         } else if let Some(l) = w.limit {
             let full = w.in_flight as f64 >= l;
             let due = w
@@ -264,16 +281,7 @@ impl Account {
             return None;
         }
         s.since = None;
-        let count = s.count;
-        drop(s);
-        // Quiet again: the window opens.
-        let mut w = self.window.lock();
-        w.limit = None;
-        w.narrowed = None;
-        w.changed = None;
-        drop(w);
-        self.freed.notify_waiters();
-        Some((last.saturating_duration_since(since), count))
+        Some((last.saturating_duration_since(since), s.count))
     }
 
     /// The account as `/drivers` shows it.

@@ -382,7 +382,16 @@ async fn a_429_narrows_the_drivers_window_but_not_its_lease_calls_nor_other_driv
     more.sort();
     let ms = |m: u64| Duration::from_millis(m);
     assert_eq!(more, [ms(0), ms(0), ms(100), ms(100), ms(200), ms(200)]);
-    // Quiet for a while: the window opens.
+    // The stretch ends after a quiet spell; the window stays as it is until much later.
+    tokio::time::sleep(STRETCH_QUIET).await;
+    assert!(!a.status().pushback.throttled);
+    // (Widened once: the first four's retries filled it a second after the narrowing.)
+    assert_eq!(a.status().pushback.window, Some(3.0));
+    tokio::time::sleep(WINDOW_REOPEN).await;
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("later"))
+        .await
+        .expect("200");
+    // Long without a refusal: the window opens.
     tokio::time::sleep(STRETCH_QUIET).await;
     let status = a.status().pushback;
     assert!(!status.throttled);
