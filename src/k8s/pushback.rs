@@ -40,10 +40,12 @@
 //! 429 to one of a driver's work requests (VA and PV writes, Secret and PV reads) also narrows
 //! the number of that driver's work requests in flight to half of what was in flight (at least
 //! one), as a TCP sender halves its window on a loss; while it is full and nothing is refused it
-//! widens again by one request a second ([`WIDEN_EVERY`]: slower than TCP, because a refusal
-//! costs a whole `Retry-After`), and it opens fully only after [`WINDOW_REOPEN`] without a
-//! narrowing, so the driver's next burst does not go out as one crowd. Only 429s to requests sent after the last narrowing narrow it again,
-//! so one crowd of refusals counts once. A throttled driver so keeps about as many requests in
+//! widens again by one request a second ([`WIDEN_EVERY`]), or one per `Retry-After` of the
+//! refusal that narrowed it when that is longer (slower than TCP, because a refusal costs a
+//! whole `Retry-After`, and API Priority and Fairness raises it while it keeps dropping), and
+//! it opens fully only after [`WINDOW_REOPEN`] without a narrowing, so the driver's next burst
+//! does not go out as one crowd. Only 429s to requests sent after the last narrowing narrow it
+//! again, so one crowd of refusals counts once. A throttled driver so keeps about as many requests in
 //! flight as its share of the level takes, instead of refilling the queue with refusals. Its
 //! Lease calls never wait for room (a leader's renewals are not queued behind its own writes),
 //! and other drivers have windows of their own. Waits run in the driver's own workers; none
@@ -152,6 +154,8 @@ struct Window {
     narrowed: Option<Instant>,
     /// When it was last narrowed or widened.
     changed: Option<Instant>,
+    /// The `Retry-After` of the 429 that last narrowed it: the price of the next refusal.
+    price: Duration,
 }
 
 /// A work request's place in its driver's window; gives it back when dropped.
@@ -236,13 +240,15 @@ impl Account {
     }
 
     /// The answer to a work request sent at `sent` came at `now` (its room still held): a 429
-    /// (`refused`) narrows the window to half of what is in flight, unless it was sent before
-    /// the last narrowing; any other answer to a full window widens it by one, at most once
-    /// per [`WIDEN_EVERY`].
-    pub(crate) fn answered(&self, sent: Instant, now: Instant, refused: bool) {
+    /// (`refused`, with its `Retry-After`) narrows the window to half of what is in flight,
+    /// unless it was sent before the last narrowing; any other answer to a full window widens
+    /// it by one, at most once per [`WIDEN_EVERY`] or per the `Retry-After` of the last
+    /// narrowing, whichever is longer: the dearer a refusal, the slower the probing.
+    pub(crate) fn answered(&self, sent: Instant, now: Instant, refused: Option<Duration>) {
         let mut w = self.window.lock();
-        if refused {
+        if let Some(retry_after) = refused {
             if w.narrowed.is_none_or(|t| sent >= t) {
+                w.price = retry_after;
                 let flight = w.in_flight as f64;
                 let base = w.limit.map_or(flight, |l| l.min(flight));
                 w.limit = Some((base / 2.0).max(1.0).floor());
@@ -261,9 +267,10 @@ impl Account {
             self.freed.notify_waiters();
         } else if let Some(l) = w.limit {
             let full = w.in_flight as f64 >= l;
+            let every = WIDEN_EVERY.max(w.price);
             let due = w
                 .changed
-                .is_none_or(|t| now.saturating_duration_since(t) >= WIDEN_EVERY);
+                .is_none_or(|t| now.saturating_duration_since(t) >= every);
             if full && due {
                 w.limit = Some(l + 1.0);
                 w.changed = Some(now);
@@ -483,7 +490,8 @@ where
         let too_many = wait.is_some() && response.status() == StatusCode::TOO_MANY_REQUESTS;
         if let Some(scope) = &scope {
             if room.is_some() {
-                scope.budget.pushback().answered(sent, now, too_many);
+                let refused = wait.filter(|_| too_many);
+                scope.budget.pushback().answered(sent, now, refused);
             }
             drop(room);
             if too_many {

@@ -439,6 +439,39 @@ async fn a_full_window_widens_by_one_a_second_while_nothing_is_refused() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_dear_refusal_slows_the_widening_to_one_per_retry_after() {
+    let fake = Arc::new(Fake::new(&[Answer(429, Some("3"))]));
+    fake.latency.store(100, Ordering::Relaxed);
+    let (a, _) = budget("a", Limit::Unlimited);
+    // Narrowed at 0.1 s; the retry's answer at 3.2 s widens it (3 s since the narrowing).
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("va-0"))
+        .await
+        .expect("200 on the retry");
+    assert_eq!(a.status().pushback.window, Some(2.0));
+    // Full for 2.5 s more: a second widening would take 3 s.
+    let start = Instant::now();
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (fake, a) = (fake.clone(), a.clone());
+            tokio::spawn(async move {
+                while start.elapsed() < Duration::from_millis(2500) {
+                    scoped(
+                        work(&a, Duration::from_secs(30)),
+                        fake.patch(&format!("w-{w}")),
+                    )
+                    .await
+                    .expect("200");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("worker");
+    }
+    assert_eq!(a.status().pushback.window, Some(2.0));
+}
+
+#[tokio::test(start_paused = true)]
 async fn work_that_finds_no_room_before_its_deadline_fails_without_being_sent() {
     let fake = Arc::new(Fake::new(&[Answer(429, Some("0"))]));
     let (a, _) = budget("a", Limit::Unlimited);
