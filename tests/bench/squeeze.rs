@@ -597,13 +597,14 @@ pub(crate) fn violations(go: &Side, hub: &Side) -> Vec<String> {
             "the hub detached later ({h:.1} s) than the Go fleet ({g:.1} s)"
         ));
     }
-    for s in [go, hub] {
-        if let Some(why) = &s.sample.incomplete {
-            v.push(format!("{:?} lost objects: {why}", s.contender));
-        }
-        for l in &s.lease_losses {
-            v.push(format!("{:?} lost a Lease: {l}", s.contender));
-        }
+    // The Go fleet's own losses are the reference's behaviour under the squeeze (its Lease
+    // renewals wait for the same level as its writes), reported in the table, not held
+    // against the hub.
+    if let Some(why) = &hub.sample.incomplete {
+        v.push(format!("the hub lost objects: {why}"));
+    }
+    for l in &hub.lease_losses {
+        v.push(format!("the hub lost a Lease: {l}"));
     }
     if go.rejected == 0.0 {
         v.push("the squeeze turned nothing of the Go fleet away: it squeezes nothing".into());
