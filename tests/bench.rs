@@ -19,6 +19,7 @@
 //! * e1, e2 (hub only): d with a process-wide cap equal to the fleet's total,
 //!   and with a cap that binds;
 //! * f: idle memory and watches with 5,000 extra VAs and PVs in the cluster;
+//! * squeeze (issue 31, `bench/squeeze.rs`): API Priority and Fairness squeezes the attachers' identity;
 //! * startup, scale-objects, scale-drivers (issue 17, `bench/scale.rs`): start-up with 50,000
 //!   VAs and PVs, and the scale curve over objects (1,000 to 100,000) and drivers (1 to 100),
 //!   drawn in `target/bench-scale.svg`.
@@ -40,6 +41,8 @@ mod scale;
 mod scale_report;
 #[path = "bench/scenario.rs"]
 mod scenario;
+#[path = "bench/squeeze.rs"]
+mod squeeze;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -109,7 +112,7 @@ impl Knobs {
     fn from_env() -> Knobs {
         let configs: String = env_or(
             "BENCH_CONFIGS",
-            "a,b,c,d,e1,e2,f,startup,scale-objects,scale-drivers".to_string(),
+            "a,b,c,d,e1,e2,f,startup,scale-objects,scale-drivers,squeeze".to_string(),
         );
         Knobs {
             configs: configs
@@ -176,6 +179,7 @@ fn configs(k: &Knobs, hub_has_cap: bool) -> Vec<Config> {
         workload,
         settle: k.settle,
         timeout: k.timeout,
+        restart: false,
     };
     let noisy = Workload::Noisy {
         noisy: k.noisy_vas,
@@ -492,6 +496,13 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
         scale::drivers_sweep(cluster, &scale_knobs, &mut scale_results).await;
     }
 
+    // Issue 31: API Priority and Fairness squeezes the attachers (bench/squeeze.rs).
+    let squeezed = if wants("squeeze") {
+        Some(squeeze::bench_section(cluster, knobs.repeats, knobs.timeout, knobs.settle).await)
+    } else {
+        None
+    };
+
     let ctx = Context {
         date: utc_now(),
         machine: machine(),
@@ -508,6 +519,9 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
     let scale_checks = scale_report::checks(&scale_results);
     let mut md = report::render(&results, &checks, &ctx);
     md.push_str(&scale_report::render(&scale_results, &scale_checks));
+    if let Some(section) = &squeezed {
+        md.push_str(section);
+    }
     checks.extend(scale_checks);
     // Where cargo builds (`CARGO_TARGET_DIR` included), as `tests/bench/run.sh` expects.
     let target_dir = support::target_dir();

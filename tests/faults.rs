@@ -24,6 +24,13 @@
 mod hub;
 #[path = "faults/mod.rs"]
 mod kit;
+// The bench's runner, for the side-by-side run under API Priority and Fairness (`apf_squeeze`).
+#[path = "bench/scenario.rs"]
+#[allow(dead_code)]
+mod scenario;
+#[path = "bench/squeeze.rs"]
+#[allow(dead_code)] // its bench section
+mod squeeze;
 mod support;
 
 use std::sync::Arc;
@@ -238,6 +245,110 @@ async fn two_mocks(tag: &str, volumes: usize) -> Vec<Mock> {
         Mock::in_process(&unique_driver_name(&format!("{tag}-a")), volumes).await,
         Mock::in_process(&unique_driver_name(&format!("{tag}-b")), volumes).await,
     ]
+}
+
+// ---------------------------------------------------------------------------
+// The API server pushing back (issue 31)
+// ---------------------------------------------------------------------------
+
+/// Limit for each side's attaches and detaches under the squeeze.
+const SQUEEZE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Pause after a side's warm-up (its budgets refill).
+const SQUEEZE_SETTLE: Duration = Duration::from_secs(3);
+
+/// API Priority and Fairness squeezes the attachers' identity to about 3 seats and a queue of
+/// 2 (`bench/squeeze.rs`, a fresh level for each side); the Go fleet (3 external-attachers) and the hub, one after the other
+/// in this run, each attach 300 VAs on 3 drivers and delete 100. The hub must receive no more
+/// 429s than the fleet (the API server's own count), settle no later, lose nothing and keep its
+/// Leases; and while it runs, show the throttling in `/drivers`, its metrics, `attacher-hub
+/// status` and its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "make faults: squeezes the attacher's identity on the whole control plane"]
+async fn apf_squeeze() {
+    known::gate("apf_squeeze", async {
+        let _alone = ALONE.acquire().await.unwrap();
+        let cluster = Cluster::get();
+        let mut report = Report::new("apf_squeeze");
+        let go = squeeze::run_side(
+            cluster,
+            scenario::Contender::Fleet,
+            SQUEEZE_TIMEOUT,
+            SQUEEZE_SETTLE,
+        )
+        .await;
+        let hub = squeeze::run_side(
+            cluster,
+            scenario::Contender::Hub,
+            SQUEEZE_TIMEOUT,
+            SQUEEZE_SETTLE,
+        )
+        .await;
+        known::loud(&squeeze::table(&[&go, &hub]));
+        for (tag, s) in [("go", &go), ("hub", &hub)] {
+            report.figure(&format!("{tag}_429"), s.rejected);
+            report.figure(&format!("{tag}_attach_s"), format!("{:.1}", s.sample.attach_window));
+            report.figure(
+                &format!("{tag}_detach_s"),
+                s.sample.detach.map_or("-".into(), |d| format!("{d:.1}")),
+            );
+            report.figure(&format!("{tag}_lease_losses"), s.lease_losses_count);
+        }
+        report.violations(squeeze::violations(&go, &hub));
+
+        // What the hub showed of it.
+        let shown = hub.shown.clone().unwrap_or_default();
+        report.figure("hub_429_counted", shown.metric_429);
+        report.figure("hub_retry_after_wait_s", format!("{:.1}", shown.metric_wait));
+        if hub.rejected > 0.0 {
+            if shown.metric_429 < 1.0 || shown.metric_429 > hub.rejected {
+                report.violation(format!(
+                    "attacher_hub_api_too_many_requests_total counted {} of the {} 429s the API server gave the hub",
+                    shown.metric_429, hub.rejected
+                ));
+            }
+            if shown.drivers_429 == 0 || !shown.throttled_seen {
+                report.violation(format!(
+                    "/drivers never showed the throttling (most 429s counted: {}, throttled seen: {})",
+                    shown.drivers_429, shown.throttled_seen
+                ));
+            }
+            if shown.priority_level_uid.is_none() {
+                report.violation("/drivers named no priority level");
+            }
+            if !shown
+                .status_notes
+                .iter()
+                .any(|n| n.contains("429 Too Many Requests"))
+            {
+                report.violation(format!(
+                    "attacher-hub status showed no throttling note: {:?}",
+                    shown.status_notes
+                ));
+            }
+            let started = shown
+                .log_lines
+                .iter()
+                .filter(|l| l.contains("throttling this driver"))
+                .count();
+            let level = shown.priority_level_uid.as_deref().unwrap_or("?");
+            if started == 0 || !shown.log_lines.iter().any(|l| l.contains(level)) {
+                report.violation(format!(
+                    "the hub's log has no start line naming priority level {level}: {:?}",
+                    shown.log_lines
+                ));
+            }
+            // Rate-limited: one start line per driver and stretch, not one per 429.
+            if started as f64 > hub.rejected / 2.0 + 3.0 {
+                report.violation(format!(
+                    "{started} start lines for {} 429s: not rate-limited",
+                    hub.rejected
+                ));
+            }
+        }
+        report.finish();
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------

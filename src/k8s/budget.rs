@@ -29,6 +29,7 @@ use serde::Serialize;
 use tokio::{sync::oneshot, time::Instant};
 use tokio_util::sync::CancellationToken;
 
+use super::pushback::{Account, Kind, PushbackStatus};
 use crate::metrics::{Limiter, Observer};
 
 /// client-go's `rest.DefaultQPS`: what a QPS of 0 means.
@@ -388,6 +389,8 @@ pub struct ApiBudget {
     cap: Arc<FairCap>,
     member: u64,
     observer: Box<dyn Observer>,
+    /// What the API server pushed back on this driver's requests (429s, `Retry-After`).
+    pushback: Account,
     /// Requests waiting now.
     waiting: AtomicUsize,
     /// Requests that had to wait, since the budget was made.
@@ -434,6 +437,7 @@ impl ApiBudget {
             cap,
             member,
             observer,
+            pushback: Account::default(),
             waiting: AtomicUsize::new(0),
             throttled: AtomicU64::new(0),
             last_info_log: Mutex::new(None),
@@ -498,7 +502,9 @@ impl ApiBudget {
 
     /// The current settings and state, for `/drivers`.
     pub fn status(&self) -> BudgetStatus {
-        let (limit, tokens) = self.own.lock().state(Instant::now());
+        let now = Instant::now();
+        self.pushback_settled(now);
+        let (limit, tokens) = self.own.lock().state(now);
         let cap = self.cap.status();
         BudgetStatus {
             limit,
@@ -506,6 +512,60 @@ impl ApiBudget {
             waiting: self.waiting.load(Ordering::Relaxed),
             throttled_total: self.throttled.load(Ordering::Relaxed),
             hub_cap: cap.limit.qps().map(|_| cap),
+            pushback: self.pushback.status(now),
+        }
+    }
+
+    // --- pushback from the API server (see `super::pushback`) ---
+
+    /// The driver's account of the API server's pushback.
+    pub fn pushback(&self) -> &Account {
+        &self.pushback
+    }
+
+    /// A 429 for one of the driver's requests (`kind`), asking to wait `wait`. Logs the start
+    /// of a throttled stretch.
+    pub(crate) fn too_many_requests(
+        &self,
+        now: Instant,
+        wait: Duration,
+        flow: (Option<String>, Option<String>),
+        kind: Kind,
+    ) {
+        self.observer.too_many_requests();
+        let (priority_level, flow_schema) = (flow.0.clone(), flow.1.clone());
+        if let super::pushback::Began::Now = self.pushback.too_many(now, flow) {
+            let request = match kind {
+                Kind::Work => "work",
+                Kind::Lease => "Lease",
+            };
+            tracing::info!(
+                driver = %self.driver,
+                priority_level_uid = priority_level.as_deref().unwrap_or("-"),
+                flow_schema_uid = flow_schema.as_deref().unwrap_or("-"),
+                retry_after = ?wait,
+                request,
+                "the API server is throttling this driver's requests (429 Too Many Requests): each waits as long as the server asks (Retry-After) before it is sent again, and the driver sends fewer at a time until it stops"
+            );
+        }
+    }
+
+    /// Time one of the driver's requests spent waiting for `Retry-After`.
+    pub(crate) fn retry_after_waited(&self, waited: Duration) {
+        self.pushback.waited(waited);
+        self.observer.retry_after_waited(waited);
+    }
+
+    /// An answer that asked for no wait (or a read of the status) at `now`: ends the throttled
+    /// stretch, with a log line, once it has been quiet long enough.
+    pub(crate) fn pushback_settled(&self, now: Instant) {
+        if let Some((lasted, count)) = self.pushback.settle(now) {
+            tracing::info!(
+                driver = %self.driver,
+                lasted = ?lasted,
+                too_many_requests = count,
+                "the API server no longer throttles this driver's requests"
+            );
         }
     }
 }
@@ -524,6 +584,8 @@ pub struct BudgetStatus {
     pub throttled_total: u64,
     /// The process-wide cap, when one is set.
     pub hub_cap: Option<CapStatus>,
+    /// What the API server pushed back (429s, `Retry-After`) since the driver last connected.
+    pub pushback: PushbackStatus,
 }
 
 /// The process-wide cap as `/drivers` shows it.

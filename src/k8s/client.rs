@@ -26,6 +26,7 @@ pub fn client(config: &kube::Config, transport: &Transport) -> kube::Result<kube
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(tower::BoxError::from)
+        .layer(super::pushback::RetryAfterLayer)
         .service(transport.clone());
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }

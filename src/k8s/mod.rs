@@ -7,7 +7,8 @@
 //! * [`router`] — one watch per kind feeding the [`stores`], routing each change;
 //! * [`lean`] — the copies the stores hold: only what the attacher reads of each object;
 //! * [`writer`] — a driver's PATCHes and Secret reads;
-//! * [`budget`] — client-side request budgets (per driver, and the optional hub cap).
+//! * [`budget`] — client-side request budgets (per driver, and the optional hub cap);
+//! * [`pushback`] — the API server's pushback (429, `Retry-After`) waited out as client-go does.
 //!
 //! It uses only [`crate::names`], [`crate::random`], and the [`Observer`](crate::metrics::Observer)
 //! and [`ConnectionMetrics`](crate::metrics::ConnectionMetrics) of [`crate::metrics`].
@@ -15,6 +16,7 @@
 pub mod budget;
 pub mod client;
 pub mod lean;
+pub mod pushback;
 pub mod router;
 pub mod stores;
 pub mod transport;

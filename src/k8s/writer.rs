@@ -14,10 +14,11 @@ use kube::{
 use serde_json::Value;
 
 use super::budget::ApiBudget;
+use super::pushback::{Kind, Scope, scoped};
 
 /// Deadline of every API request a driver makes (PATCH, Secret GET), on top of the API server's
 /// own 60 s request timeout: a request on a connection that went silent fails and is retried
-/// with the key's backoff.
+/// with the key's backoff. Waits for the API server's `Retry-After` happen within it.
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Field manager recorded in `managedFields` for our patches (the Go
@@ -84,7 +85,10 @@ impl Writer {
         self.budget
             .acquire(verb, &format!("{resource}/{name}"))
             .await;
-        let result = match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        // The request's deadline, which a wait for the API server's `Retry-After` must not pass.
+        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        let scope = Scope::new(self.budget.clone(), Kind::Work, deadline);
+        let result = match tokio::time::timeout_at(deadline, scoped(scope, request)).await {
             Ok(result) => result,
             Err(_) => Err(kube::Error::Service(
                 format!("{verb} {resource}/{name}: no answer within {REQUEST_TIMEOUT:?}").into(),

@@ -2,6 +2,7 @@
 //! succeed, release), publishing [`Leadership`] through a `watch` channel.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -24,6 +25,8 @@ use super::record::{
 };
 use super::status::Status;
 use super::timing::{JITTER_FACTOR, RenewGrid};
+use crate::k8s::budget::ApiBudget;
+use crate::k8s::pushback::{Kind, Scope, scoped};
 use crate::random::random_unit;
 
 /// First pause after a failed attempt to acquire (the API server did not answer); it doubles
@@ -108,6 +111,9 @@ pub struct LeaderElector {
     /// Renewal rounds start on these lines (`None`: a retry period after the last success, as
     /// client-go's).
     grid: Option<RenewGrid>,
+    /// The driver's API budget, whose account counts the API server's pushback on the Lease
+    /// calls (`None`: not counted; the calls still wait out `Retry-After`).
+    pushback: Option<Arc<ApiBudget>>,
 }
 
 /// A copy of the Lease as a watch delivered it, and when. The sender outlives elections: a
@@ -204,7 +210,16 @@ impl LeaderElector {
             gate: None,
             feed: None,
             grid: None,
+            pushback: None,
         })
+    }
+
+    /// Counts the API server's pushback on the Lease calls (429s, `Retry-After` waits) in
+    /// `budget`'s driver account; the calls spend none of its budget and are never held
+    /// behind the driver's throttled work.
+    pub fn with_pushback(mut self, budget: Arc<ApiBudget>) -> Self {
+        self.pushback = Some(budget);
+        self
     }
 
     /// Start renewal rounds on the lines of `grid` (shared with the process's other electors,
@@ -668,8 +683,18 @@ impl LeaderElector {
         self.report_holder();
     }
 
-    /// Runs `fut` unless `deadline` passes first.
+    /// Runs `fut` unless `deadline` passes first; a wait the API server asks for
+    /// (`Retry-After`) ends before the deadline or is not waited.
     async fn timed<T>(&self, deadline: Instant, fut: impl Future<Output = T>) -> Result<T> {
+        let fut = async {
+            match &self.pushback {
+                Some(budget) => {
+                    let scope = Scope::new(budget.clone(), Kind::Lease, deadline);
+                    scoped(scope, fut).await
+                }
+                None => fut.await,
+            }
+        };
         tokio::time::timeout_at(deadline, fut)
             .await
             .map_err(|_| Error::Timeout {

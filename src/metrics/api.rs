@@ -18,6 +18,12 @@ pub trait Observer: Send + Sync + std::fmt::Debug {
     fn waited(&self, waited: Duration);
     /// One request had to wait for `limiter`.
     fn throttled(&self, limiter: Limiter);
+    /// The API server answered one request 429 Too Many Requests.
+    fn too_many_requests(&self) {}
+    /// A request waited `waited` because the API server asked it to (`Retry-After`).
+    fn retry_after_waited(&self, waited: Duration) {
+        let _ = waited;
+    }
 }
 
 /// A driver's API budget metrics.
@@ -26,6 +32,8 @@ pub(crate) struct ApiObserver {
     pub(crate) wait: prometheus::Histogram,
     pub(crate) throttled_driver: prometheus::IntCounter,
     pub(crate) throttled_hub: prometheus::IntCounter,
+    pub(crate) too_many_requests: prometheus::IntCounter,
+    pub(crate) retry_after_wait: prometheus::Counter,
 }
 
 impl Observer for ApiObserver {
@@ -38,5 +46,13 @@ impl Observer for ApiObserver {
             Limiter::Driver => self.throttled_driver.inc(),
             Limiter::Hub => self.throttled_hub.inc(),
         }
+    }
+
+    fn too_many_requests(&self) {
+        self.too_many_requests.inc();
+    }
+
+    fn retry_after_waited(&self, waited: Duration) {
+        self.retry_after_wait.inc_by(waited.as_secs_f64());
     }
 }

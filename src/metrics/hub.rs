@@ -68,6 +68,13 @@ pub struct HubMetrics {
     /// `attacher_hub_api_requests_total{driver_name, verb, resource, code}`: API requests made
     /// for a driver, by HTTP status code (`error` when no answer came).
     pub api_requests: prometheus::IntCounterVec,
+    /// `attacher_hub_api_too_many_requests_total{driver_name}`: answers 429 Too Many Requests
+    /// the API server gave the driver's requests (work and Lease calls; API Priority and
+    /// Fairness turning them away).
+    pub api_too_many_requests: prometheus::IntCounterVec,
+    /// `attacher_hub_api_retry_after_wait_seconds_total{driver_name}`: time the driver's
+    /// requests waited because the API server asked (`Retry-After`), retries and held work.
+    pub api_retry_after_wait: prometheus::CounterVec,
     /// `attacher_hub_lease_guard_blocked{driver_name, lease_namespace, holder}`: 1 while another
     /// holder renews the driver's Lease in another namespace (labels: that Lease's namespace and
     /// holder), so this replica does not lead it; else one series with empty labels and value 0.
@@ -216,6 +223,20 @@ impl HubMetrics {
                 ),
                 &["driver_name", "verb", "resource", "code"],
             )?,
+            api_too_many_requests: IntCounterVec::new(
+                Opts::new(
+                    "attacher_hub_api_too_many_requests_total",
+                    "Answers 429 Too Many Requests the API server gave the driver's requests (API Priority and Fairness turning them away)",
+                ),
+                &["driver_name"],
+            )?,
+            api_retry_after_wait: prometheus::CounterVec::new(
+                Opts::new(
+                    "attacher_hub_api_retry_after_wait_seconds_total",
+                    "Seconds the driver's API requests waited because the API server asked them to (Retry-After)",
+                ),
+                &["driver_name"],
+            )?,
             lease_guard_blocked: GaugeVec::new(
                 Opts::new(
                     "attacher_hub_lease_guard_blocked",
@@ -255,6 +276,8 @@ impl HubMetrics {
         registry.register(Box::new(this.api_throttled.clone()))?;
         registry.register(Box::new(this.api_budget_qps.clone()))?;
         registry.register(Box::new(this.api_requests.clone()))?;
+        registry.register(Box::new(this.api_too_many_requests.clone()))?;
+        registry.register(Box::new(this.api_retry_after_wait.clone()))?;
         registry.register(Box::new(this.lease_guard_blocked.clone()))?;
         registry.register(Box::new(this.lease_guard_available.clone()))?;
         registry.register(Box::new(this.lease_held_by_other.clone()))?;
@@ -302,6 +325,8 @@ impl HubMetrics {
         remove_driver_series(&self.api_throttled, driver);
         remove_driver_series(&self.api_budget_qps, driver);
         remove_driver_series(&self.api_requests, driver);
+        remove_driver_series(&self.api_too_many_requests, driver);
+        remove_driver_series(&self.api_retry_after_wait, driver);
         remove_driver_series(&self.lease_guard_blocked, driver);
         remove_driver_series(&self.lease_guard_available, driver);
         remove_driver_series(&self.lease_held_by_other, driver);
@@ -372,6 +397,8 @@ impl HubMetrics {
             wait: self.api_budget_wait.with_label_values(&[driver]),
             throttled_driver: self.api_throttled.with_label_values(&[driver, "driver"]),
             throttled_hub: self.api_throttled.with_label_values(&[driver, "hub"]),
+            too_many_requests: self.api_too_many_requests.with_label_values(&[driver]),
+            retry_after_wait: self.api_retry_after_wait.with_label_values(&[driver]),
         })
     }
 
@@ -481,6 +508,30 @@ mod tests {
         // No leader election, no guard, no series.
         m.set_lease_guard("d", None);
         assert!(series(&render(&registry)).is_empty());
+    }
+
+    #[test]
+    fn the_api_servers_pushback_is_counted_per_driver_from_its_first_connection() {
+        let registry = Registry::new();
+        let m = HubMetrics::register(&registry).unwrap();
+        let a = m.api_observer("a", Some(5.0));
+        let _b = m.api_observer("b", None);
+        a.too_many_requests();
+        a.too_many_requests();
+        a.retry_after_waited(std::time::Duration::from_millis(2500));
+        let text = render(&registry);
+        for line in [
+            r#"attacher_hub_api_too_many_requests_total{driver_name="a"} 2"#,
+            r#"attacher_hub_api_retry_after_wait_seconds_total{driver_name="a"} 2.5"#,
+            // A driver never throttled has its series at 0 (alerts and rates see it).
+            r#"attacher_hub_api_too_many_requests_total{driver_name="b"} 0"#,
+            r#"attacher_hub_api_retry_after_wait_seconds_total{driver_name="b"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        m.remove_driver("a");
+        let text = render(&registry);
+        assert!(!text.contains(r#"{driver_name="a"}"#), "{text}");
     }
 
     #[test]

@@ -44,6 +44,58 @@ pub struct Row {
     pub last_error_age: Option<std::time::Duration>,
     /// Why the cross-namespace Lease guard does not guard this driver, when it cannot.
     pub guard_unavailable: Option<String>,
+    /// What the API server pushed back on the driver's requests, when it did.
+    pub pushback: Option<Pushback>,
+}
+
+/// The API server's pushback on a driver's requests (`apiBudget.pushback` of `/drivers`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pushback {
+    /// Throttled now.
+    pub throttled: bool,
+    /// 429 answers since the driver connected.
+    pub too_many_requests: u64,
+    /// Seconds waited for `Retry-After` since then.
+    pub waited_seconds: f64,
+    /// The priority level the API server named (UID).
+    pub priority_level_uid: Option<String>,
+}
+
+impl Eq for Pushback {}
+
+impl Pushback {
+    /// The pushback of a `/drivers` entry; `None` when there was none (or the hub does not say).
+    fn of(entry: &Value) -> Option<Self> {
+        let p = &entry["apiBudget"]["pushback"];
+        let too_many_requests = p["tooManyRequests"].as_u64().filter(|n| *n > 0)?;
+        Some(Self {
+            throttled: p["throttled"].as_bool().unwrap_or(false),
+            too_many_requests,
+            waited_seconds: p["retryAfterWaitSeconds"].as_f64().unwrap_or(0.0),
+            priority_level_uid: p["priorityLevelUid"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(str::to_string),
+        })
+    }
+
+    /// The note's text, after the driver's name.
+    fn note(&self) -> String {
+        let level = self
+            .priority_level_uid
+            .as_deref()
+            .map(|uid| format!(" (priority level UID {uid})"))
+            .unwrap_or_default();
+        let when = if self.throttled {
+            "the API server is throttling its requests now"
+        } else {
+            "the API server throttled its requests earlier"
+        };
+        format!(
+            "{when}{level}: {} answered 429 Too Many Requests, {:.1} s waited for Retry-After since it connected",
+            self.too_many_requests, self.waited_seconds
+        )
+    }
 }
 
 impl Row {
@@ -102,6 +154,7 @@ pub fn rows(drivers: &[Value], counts: Option<&BTreeMap<String, Counts>>) -> Vec
                 guard_unavailable: (d["leaseGuard"]["state"] == "unavailable")
                     .then(|| text(&d["leaseGuard"]["reason"]))
                     .flatten(),
+                pushback: Pushback::of(d),
             }
         })
         .collect()
@@ -214,6 +267,9 @@ pub fn render_table(rows: &[Row]) -> String {
                 r.driver,
                 one_line(why)
             ));
+        }
+        if let Some(p) = &r.pushback {
+            notes.push(format!("{}: {}", r.driver, p.note()));
         }
         if let Some(c) = r.attachments.filter(|c| c.failing > 0) {
             notes.push(format!(
@@ -440,6 +496,41 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_driver_the_api_server_throttles_is_a_note_naming_the_priority_level() {
+        let mut now = entry("a.csi.example.com", "leading", Some("h"), [4, 0, 0]);
+        now["apiBudget"] = json!({"pushback": {
+            "tooManyRequests": 12, "retryAfterWaitSeconds": 7.25, "throttled": true,
+            "throttledSeconds": 3.0, "heldSeconds": 1.0,
+            "priorityLevelUid": "8b5f", "flowSchemaUid": "77c1"}});
+        let mut earlier = entry("b.csi.example.com", "leading", Some("h"), [0, 0, 0]);
+        earlier["apiBudget"] = json!({"pushback": {
+            "tooManyRequests": 2, "retryAfterWaitSeconds": 2.0, "throttled": false}});
+        let mut never = entry("c.csi.example.com", "leading", Some("h"), [0, 0, 0]);
+        never["apiBudget"] = json!({"pushback": {"tooManyRequests": 0, "throttled": false}});
+        // A hub that does not say (an older one) has no note either.
+        let older = entry("d.csi.example.com", "leading", Some("h"), [0, 0, 0]);
+        let table = render_table(&rows(&[now, earlier, never, older], None));
+        assert!(
+            table.contains("note: a.csi.example.com: the API server is throttling its requests now (priority level UID 8b5f): 12 answered 429 Too Many Requests, 7.2 s waited for Retry-After since it connected\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("note: b.csi.example.com: the API server throttled its requests earlier: 2 answered 429 Too Many Requests, 2.0 s waited for Retry-After since it connected\n"),
+            "{table}"
+        );
+        assert!(!table.contains("c.csi.example.com: the API"), "{table}");
+        assert!(!table.contains("d.csi.example.com: the API"), "{table}");
+        // The rows keep their cells: the note is below the table.
+        let cells: Vec<&str> = table
+            .lines()
+            .nth(1)
+            .expect("row")
+            .split_whitespace()
+            .collect();
+        assert_eq!(&cells[..2], ["a.csi.example.com", "leading"]);
+    }
+
+    #[test]
     fn a_blocked_driver_and_an_unguarded_one_are_explained_in_notes() {
         let mut blocked = entry("pd.csi.storage.gke.io", "blocked", None, [0, 0, 0]);
         blocked["state"]["namespace"] = json!("kube-system");
@@ -568,6 +659,7 @@ pub(crate) mod tests {
             last_error: None,
             last_error_age: None,
             guard_unavailable: None,
+            pushback: None,
         };
         assert!(row("leading", None, true).ready());
         assert!(row("standby", Some("other"), true).ready());

@@ -480,6 +480,10 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
                     r.spec.drivers
                 )
             }
+            Workload::Partial { per_driver, detach } => format!(
+                "{} drivers × {per_driver} VAs at once; attach all, then delete {detach}",
+                r.spec.drivers
+            ),
             Workload::Noisy {
                 noisy,
                 quiet,

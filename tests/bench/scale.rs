@@ -297,6 +297,7 @@ pub(crate) async fn drivers_sweep(cluster: &Cluster, k: &ScaleKnobs, out: &mut S
                 workload,
                 settle: Duration::from_secs(8),
                 timeout: Duration::from_secs(600),
+                restart: false,
             };
             let t = Instant::now();
             let idle = scenario::run(
@@ -377,6 +378,7 @@ pub(crate) async fn objects_sweep(cluster: &Cluster, k: &ScaleKnobs, out: &mut S
         },
         settle: Duration::from_secs(10),
         timeout: Duration::from_secs(600),
+        restart: false,
     };
     let mut created: Vec<(Vec<String>, Vec<String>)> = Vec::new();
     let mut have = 0;

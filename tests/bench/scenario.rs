@@ -45,7 +45,7 @@ pub(crate) const RUN_LABEL: &str = "attacher-hub-bench/run";
 const CONCURRENCY: usize = 64;
 
 /// Namespace of the leader-election Leases.
-const LEASE_NAMESPACE: &str = "default";
+pub(crate) const LEASE_NAMESPACE: &str = "default";
 
 /// How long the contender may take to start, sync its caches and attach the
 /// warm-up VA of every driver.
@@ -105,6 +105,14 @@ pub(crate) enum Workload {
         /// Between the start of the noisy driver's VAs and the quiet ones.
         delay: Duration,
     },
+    /// Every driver gets `per_driver` VAs at once; once all are attached, `detach` of them
+    /// (taken from the drivers in turn) are deleted; the others stay until the clean-up.
+    Partial {
+        /// VAs per driver.
+        per_driver: usize,
+        /// VAs deleted after the attaches, over all drivers.
+        detach: usize,
+    },
     /// Nothing beyond the warm-up: idle memory, watches, and the API
     /// requests of `window` doing nothing.
     Idle {
@@ -117,7 +125,7 @@ impl Workload {
     /// Measured VAs of driver `i`.
     fn vas_of(&self, i: usize) -> usize {
         match *self {
-            Workload::Uniform { per_driver } => per_driver,
+            Workload::Uniform { per_driver } | Workload::Partial { per_driver, .. } => per_driver,
             Workload::Noisy { noisy, .. } if i == 0 => noisy,
             Workload::Noisy { quiet, .. } => quiet,
             Workload::Idle { .. } => 0,
@@ -143,6 +151,9 @@ pub(crate) struct RunSpec {
     /// Limit for the attaches (and for the detaches) of the workload; a run
     /// that hits it is reported as incomplete, with lower bounds.
     pub(crate) timeout: Duration,
+    /// Restart a Go sidecar that exits (it does when it loses its Lease) a second later, as
+    /// the kubelet restarts a container, instead of failing the run.
+    pub(crate) restart: bool,
 }
 
 /// What one run measured.
@@ -158,7 +169,7 @@ pub(crate) struct Sample {
     pub(crate) p50: Option<f64>,
     /// See `p50`.
     pub(crate) p99: Option<f64>,
-    /// Seconds from the first delete to the last VA gone (uniform runs).
+    /// Seconds from the first delete to the last VA gone (uniform and partial runs).
     pub(crate) detach: Option<f64>,
     /// CPU seconds of the contender's processes during the workload.
     pub(crate) cpu: f64,
@@ -196,6 +207,9 @@ pub(crate) struct Sample {
     pub(crate) noisy_attached: Option<usize>,
     /// Why the run did not complete (a timeout); its figures are lower bounds.
     pub(crate) incomplete: Option<String>,
+    /// Times a contender stopped leading a driver because it lost the Lease (from its log,
+    /// before it is stopped).
+    pub(crate) lease_losses: usize,
 }
 
 impl Sample {
@@ -367,8 +381,17 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
     // 4. The workload.
     let started = Instant::now();
     match spec.workload {
-        Workload::Uniform { .. } => {
+        Workload::Uniform { .. } | Workload::Partial { .. } => {
             let names: Vec<String> = measured.iter().map(|p| p.va.clone()).collect();
+            // What is deleted after the attaches: all, or `detach` taken from the drivers in turn.
+            let doomed: Vec<String> = match spec.workload {
+                Workload::Partial { per_driver, detach } => (0..per_driver)
+                    .flat_map(|j| (0..spec.drivers).map(move |i| i * per_driver + j))
+                    .take(detach)
+                    .map(|k| names[k].clone())
+                    .collect(),
+                _ => names.clone(),
+            };
             create_vas(&client, &measured, &node, &drivers, &run).await;
             if let Err(e) = timeline
                 .wait_running(&mut processes, &names, spec.timeout, |t| {
@@ -393,9 +416,9 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
             }
 
             let deleting = Instant::now();
-            delete_all::<VolumeAttachment>(&client, &names).await;
+            delete_all::<VolumeAttachment>(&client, &doomed).await;
             match timeline
-                .wait_running(&mut processes, &names, spec.timeout, |t| {
+                .wait_running(&mut processes, &doomed, spec.timeout, |t| {
                     t.deleted.is_some()
                 })
                 .await
@@ -474,6 +497,11 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
         sample.publishes += publishes.len();
         sample.duplicate_publishes += publishes.len() - distinct.len();
     }
+    let lost = match contender {
+        Contender::Fleet => GO_LEASE_LOST,
+        Contender::Hub => HUB_LEASE_LOST,
+    };
+    sample.lease_losses = processes.iter().map(|p| p.count_in_output(lost)).sum();
     join_all(processes.iter_mut().map(ChildProcess::stop)).await;
     let mut mocks = mocks;
     join_all(mocks.iter_mut().map(MockProcess::stop)).await;
@@ -491,6 +519,17 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
     remove_all::<Lease>(&Api::namespaced(client.clone(), LEASE_NAMESPACE), &leases).await;
     sample
 }
+
+/// What the Go external-attacher logs when it loses its Lease (then it exits).
+const GO_LEASE_LOST: &str = "Stopped leading";
+
+/// What the hub logs when a driver's Lease is lost.
+const HUB_LEASE_LOST: &str = "stopped leading: lost the lease";
+
+/// A Go sidecar run again a second after it exits, until it is stopped (SIGTERM stops the one
+/// running); its arguments follow.
+const RESTART_LOOP: &str = "trap 'kill $pid 2>/dev/null; exit 0' TERM INT; \
+    while :; do \"$0\" \"$@\" & pid=$!; wait $pid; sleep 1; done";
 
 /// Readings of the watch gauge per run.
 const WATCH_READINGS: usize = 3;
@@ -658,7 +697,14 @@ fn start(
         Contender::Fleet => mocks
             .iter()
             .map(|m| {
-                let mut cmd = Command::new(cluster.bin("csi-attacher"));
+                let mut cmd = if spec.restart {
+                    let mut sh = Command::new("sh");
+                    sh.args(["-c", RESTART_LOOP])
+                        .arg(cluster.bin("csi-attacher"));
+                    sh
+                } else {
+                    Command::new(cluster.bin("csi-attacher"))
+                };
                 cmd.arg(&kubeconfig)
                     .arg(format!("--csi-address={}", m.socket().display()))
                     .arg(format!("--leader-election-namespace={LEASE_NAMESPACE}"))

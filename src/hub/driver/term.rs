@@ -158,10 +158,15 @@ impl Driver {
                         async move { g.may_acquire().await }
                     });
                 }
-                let elector = elector
+                let mut elector = elector
                     .with_acquire_gate(gate)
                     .with_feed(feed)
                     .with_renew_grid(shared.renew_grid);
+                // The Lease calls' 429s count as the driver's; they are never held behind its
+                // throttled work.
+                if let Some(budget) = self.budget.read().clone() {
+                    elector = elector.with_pushback(budget);
+                }
                 shared
                     .leader_status
                     .insert(name.to_string(), elector.status());
