@@ -130,9 +130,7 @@ impl Squeeze {
                 .and_then(|st| st.conditions)
                 .unwrap_or_default()
                 .iter()
-                .any(|c| {
-                    c.type_.as_deref() == Some("Dangling") && c.status.as_deref() == Some("False")
-                });
+                .any(|c| c.type_ == "Dangling" && c.status.as_deref() == Some("False"));
             if taken {
                 break;
             }
