@@ -279,7 +279,8 @@ impl LeaderElector {
     /// Starts the election in a task instrumented with the Lease name. The task runs until
     /// `shutdown` is cancelled; then, if we lead, it publishes `Standby` and (with
     /// `release_on_cancel`) vacates the Lease before ending. It ends with an error only if that
-    /// release failed. Own the returned handle (STYLE rule 9).
+    /// release failed. The caller keeps the returned handle and awaits it at shutdown: a dropped
+    /// handle would leave the release unobserved.
     pub fn spawn(
         self,
         shutdown: CancellationToken,

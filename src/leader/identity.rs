@@ -17,7 +17,8 @@ pub fn default_identity() -> Result<String> {
 }
 
 /// The Lease namespace: `flag` if non-empty, else `$POD_NAMESPACE` if non-empty, else the
-/// trimmed service-account namespace file if non-empty, else `default` (spec §7.1).
+/// trimmed service-account namespace file if non-empty, else `default`: the order
+/// external-attacher resolves `--leader-election-namespace` in.
 pub fn resolve_namespace(flag: Option<&str>) -> String {
     resolve_namespace_from(
         flag,

@@ -64,7 +64,8 @@
 //! # The update filter
 //!
 //! external-attacher enqueues a VA update that only changed `attachError`, `detachError`,
-//! `resourceVersion` or `managedFields` only when neither copy carries an error (spec §3.12):
+//! `resourceVersion` or `managedFields` only when neither copy carries an error
+//! (its update handler's own rule):
 //! it compares the whole objects. A lean copy no longer has the whole object, so on ingest a
 //! 64-bit hash of it (JSON, with those four fields taken out and an empty status counted as
 //! none, as Go's value comparison does) is kept: two copies differ elsewhere exactly when their
