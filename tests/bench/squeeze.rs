@@ -169,15 +169,7 @@ impl Squeeze {
 /// Requests the API server has turned away (429) for the FlowSchema so far, every reason
 /// (queue full, timed out in the queue, ...).
 pub(crate) async fn rejected(client: &Client) -> f64 {
-    let text = client
-        .request_text(
-            http::Request::get("/metrics")
-                .body(Vec::new())
-                .expect("a GET request without body is valid"),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("reading the API server's /metrics: {e}"));
-    rejected_in(&text)
+    rejected_in(&crate::support::apiserver_metrics_text(client).await)
 }
 
 /// [`rejected`] from a `/metrics` text.

@@ -50,18 +50,23 @@ pub(crate) struct ApiServerMetrics {
     pub(crate) watches: f64,
 }
 
+/// The API server's `/metrics` text, read through `client` (which needs the right to: the
+/// admin has it).
+pub(crate) async fn metrics_text(client: &Client) -> String {
+    client
+        .request_text(
+            http::Request::get("/metrics")
+                .body(Vec::new())
+                .expect("a GET request without body is valid"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("reading the API server's /metrics: {e}"))
+}
+
 impl ApiServerMetrics {
     /// Reads `/metrics` through `client` (which needs the right to: the admin has it).
     pub(crate) async fn scrape(client: &Client) -> ApiServerMetrics {
-        let text = client
-            .request_text(
-                http::Request::get("/metrics")
-                    .body(Vec::new())
-                    .expect("a GET request without body is valid"),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("reading the API server's /metrics: {e}"));
-        ApiServerMetrics::parse(&text)
+        ApiServerMetrics::parse(&metrics_text(client).await)
     }
 
     /// Parses the Prometheus text format, keeping the two families of interest.

@@ -25,7 +25,9 @@ mod vendor;
 mod wait;
 mod workload;
 
-pub(crate) use apiserver_metrics::{ApiServerMetrics, RequestKind};
+pub(crate) use apiserver_metrics::{
+    ApiServerMetrics, RequestKind, metrics_text as apiserver_metrics_text,
+};
 pub(crate) use attachers::{Attacher, Probe, Program, eventually, free_port, go_duration};
 pub(crate) use audit::{audit_events, forbidden};
 pub(crate) use cluster::Cluster;
