@@ -24,6 +24,9 @@ phase() { # name command...
 started=0
 on_exit() {
   local rc=$?
+  if [ -n "${testbins_pid:-}" ] && kill -0 "$testbins_pid" 2>/dev/null; then
+    kill -- "-$testbins_pid" 2>/dev/null || true
+  fi
   if [ "$started" = 1 ]; then "$repo_root/scripts/cluster-down.sh" "$dir" || true; fi
   echo "test: timings: ${timings[*]:-none}" >&2
   [ "$rc" = 0 ] && echo "test: all checks passed" >&2 || echo "test: FAILED (exit $rc)" >&2
@@ -34,11 +37,35 @@ trap on_exit EXIT
 # Debian packages the checks need (Prometheus, buildah/podman, openssl, ...), when missing.
 "$repo_root/scripts/install-deps.sh"
 
+# The Go test tools (tools/testbins/build.sh) are most of a cold run. They build in the
+# background while the Rust side compiles: each fills the other's idle stretches (module
+# downloads, single-threaded links, the long tail of one big crate). On a warm cache build.sh
+# only reuses. Nothing else runs build.sh until this build has ended (cluster-up.sh comes
+# after the wait), so two builds never write the same cache directory; on an early exit the
+# build is stopped with its Go children (its own session, hence setsid).
+mkdir -p "$repo_root/.work"
+testbins_log=$repo_root/.work/testbins-build.log
+setsid "$repo_root/tools/testbins/build.sh" >"$testbins_log" 2>&1 &
+testbins_pid=$!
+testbins_wait() {
+  if ! wait "$testbins_pid"; then
+    echo "test: building the Go test tools failed; the end of $testbins_log:" >&2
+    tail -n 30 "$testbins_log" >&2
+    return 1
+  fi
+  testbins_pid=
+  grep '^testbins: ' "$testbins_log" >&2 || true
+}
+
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy" cargo clippy --all-targets -- -D warnings
 # The release binary the image is built from (tests/image.rs), built once here
 # so that its time shows in the timings; the test's own build is then a no-op.
 phase "release build" cargo build --release --locked --bin attacher-hub
+
+# Every test binary, before the control plane: this is the build the Go tools overlap.
+phase "cargo test build" cargo test --no-run --quiet
+phase "Go test tools" testbins_wait
 
 cluster_healthy "$dir" || started=1
 
