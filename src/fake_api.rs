@@ -1,7 +1,7 @@
 //! An in-memory Kubernetes API server for unit tests: a [`kube::Client`] whose requests are
 //! answered from a store of VolumeAttachments, PersistentVolumes, Leases and Secrets, with the
-//! API server's rules the controllers rely on (STYLE rule 14: a fake API in unit tests, the
-//! real kube-apiserver in the integration tests).
+//! API server's rules the controllers rely on: unit tests get those rules without a process and
+//! run in seconds, the integration tests use the real kube-apiserver (`docs/design.md#fake-api`).
 //!
 //! * GET, POST (409 `AlreadyExists`), PUT (409 `Conflict` on a stale `resourceVersion`),
 //!   PATCH (JSON merge patch and RFC 6902 JSON patch, a failed `test` op answering 422, a

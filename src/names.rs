@@ -6,10 +6,11 @@
 //! other.
 
 /// VA annotation holding the CSI node ID used for the attach; the last-resort node-ID source for
-/// detach and reconcile (spec §3.2).
+/// detach and reconcile (`docs/design.md#node-id`).
 pub const NODE_ID_ANNOTATION: &str = "csi.alpha.kubernetes.io/node-id";
 
-/// PV annotation naming the CSI driver an in-tree PV was migrated to (spec §3.2, §3.10).
+/// PV annotation naming the CSI driver an in-tree PV was migrated to; a migratable PV whose
+/// annotation names another driver loses our finalizer (`docs/design.md#pv-finalizer`).
 pub const MIGRATED_TO_ANNOTATION: &str = "pv.kubernetes.io/migrated-to";
 
 /// PV annotation with the Azure resource group of an in-tree Azure File share (its CSI volume

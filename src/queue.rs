@@ -1,8 +1,9 @@
 //! A work queue with client-go `workqueue` semantics, keyed by object name.
 //!
-//! external-attacher runs two client-go rate-limiting queues (`csi-attacher-va`, `csi-attacher-pv`,
-//! spec §6). Why hand-written (STYLE 5.4 decision 2): the retries, their timing and the metrics
-//! must match the Go sidecar's, and no Rust crate reproduces these semantics. kube-runtime's
+//! external-attacher runs two client-go rate-limiting queues (`csi-attacher-va`, `csi-attacher-pv`;
+//! `docs/design.md#work-queue`). Why hand-written (`docs/design.md#why-own-queue`): the retries,
+//! their timing and the metrics must match the Go sidecar's, and no Rust crate reproduces these
+//! semantics. kube-runtime's
 //! scheduler merges duplicate triggers but has no "dirty while processing" state, no per-key
 //! failure count with exponential backoff, and no `workqueue_*` metrics; the crates that offer
 //! delay queues (`tokio-util`'s `DelayQueue`) have none of the dedup rules. So the queue is ours:

@@ -15,7 +15,7 @@ pub(super) fn non_empty(value: &str) -> Option<String> {
 
 /// Every flag the binary accepts, in no particular order (the usage sorts them).
 pub(super) static FLAGS: &[Flag] = &[
-    // --- external-attacher (cmd/csi-attacher/main.go), spec §1.2 ---
+    // --- external-attacher (cmd/csi-attacher/main.go), docs/design.md#flags-attacher ---
     Flag {
         name: "resync",
         kind: Kind::Value("duration"),
@@ -119,7 +119,7 @@ pub(super) static FLAGS: &[Flag] = &[
             Ok(())
         },
     },
-    // --- common sidecar flags (csi-lib-utils standardflags), spec §1.3 ---
+    // --- common sidecar flags (csi-lib-utils standardflags), docs/design.md#flags-common ---
     Flag {
         name: "version",
         kind: Kind::Bool,
@@ -293,7 +293,7 @@ pub(super) static FLAGS: &[Flag] = &[
             Ok(())
         },
     },
-    // --- logging (component-base logs/api/v1), spec §1.4 ---
+    // --- logging (component-base logs/api/v1), docs/design.md#flags-logging ---
     Flag {
         name: "v",
         kind: Kind::Value("Level"),
@@ -382,7 +382,7 @@ pub(super) static FLAGS: &[Flag] = &[
             Ok(())
         },
     },
-    // --- attacher-hub's own flags (DESIGN.md) ---
+    // --- attacher-hub's own flags, docs/design.md#flags-hub ---
     Flag {
         name: "config",
         kind: Kind::Value("string"),

@@ -1,7 +1,7 @@
 //! The engine of Go's `flag` package: the argument loop, `-h`/`--help`, the usage text.
 //!
 //! attacher-hub is a drop-in replacement for the Go sidecar, so an existing Deployment's argument
-//! list must mean the same thing here, including its oddities (spec §1.1):
+//! list must mean the same thing here, including its oddities (`docs/design.md#flag-parsing`):
 //!
 //! * `-name` and `--name` are the same flag; values go as `-name=value` or `-name value`;
 //! * a boolean takes its value only after `=` (`true`, `false`, `1`, `0`, `t`, `f`, `T`, `F`,
@@ -15,14 +15,15 @@
 //! * an unknown flag or a bad value prints the error and the usage on stderr and exits **2**;
 //!   `-h`, `-help` and `--help` print the usage on stderr (as Go does) and exit **0**.
 //!
-//! **Why not clap** (STYLE rule 11 asks for clap derive): clap cannot express these semantics.
+//! **Why not clap** (the usual choice for a Rust CLI): clap cannot express these semantics.
 //! It treats `-name` as a cluster of short options, does not stop at `-x false`, parses booleans
 //! and numbers with Rust rules, has no Go durations and exits with its own codes and texts. A
 //! reimplementation on top of clap would need a pre-pass that rewrites the arguments, i.e. a Go
 //! flag parser anyway. So this module is a small hand-written parser over one declarative table,
 //! `FLAGS`, which holds each flag's name, kind, default as shown in the usage text, help text and
-//! setter; the rest of rule 11 holds: the result is validated into a typed [`Args`] (durations as
-//! [`Duration`](std::time::Duration)) before anything starts, and failures are a typed [`Error`] carrying the exit code.
+//! setter (`docs/design.md#why-not-clap`). What a derive parser would give is kept: the result is
+//! validated into a typed [`Args`] (durations as [`Duration`](std::time::Duration)) before
+//! anything starts, and failures are a typed [`Error`] carrying the exit code.
 //!
 //! Deliberate differences from the Go binary, each documented at its flag: the classic klog flags
 //! removed in v4.6 (`--logtostderr`, …) are accepted as no-ops with a warning instead of being

@@ -1,5 +1,5 @@
-//! The volume capability sent in ControllerPublishVolume (spec §3.4): block or mount, the one
-//! CSI access mode for the PV's access modes, and `readonly`.
+//! The volume capability sent in ControllerPublishVolume (`docs/design.md#capability`): block
+//! or mount, the one CSI access mode for the PV's access modes, and `readonly`.
 
 use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec};
 
@@ -9,7 +9,8 @@ use crate::csi::proto::{self, volume_capability::access_mode::Mode};
 /// `spec.volumeMode` value selecting a raw block capability.
 const VOLUME_MODE_BLOCK: &str = "Block";
 
-/// Maps a PV's `spec.accessModes` to the one CSI access mode sent (spec §3.4 table).
+/// Maps a PV's `spec.accessModes` to the one CSI access mode sent (the table of
+/// `docs/design.md#capability`).
 ///
 /// Duplicates are ignored. `supports_single_node_multi_writer` is the driver's
 /// `SINGLE_NODE_MULTI_WRITER` controller capability.
@@ -54,7 +55,7 @@ pub fn readonly(csi: &CSIPersistentVolumeSource, supports_publish_readonly: bool
     supports_publish_readonly && csi.read_only.unwrap_or(false)
 }
 
-/// The single volume capability sent in ControllerPublishVolume (spec §3.4).
+/// The single volume capability sent in ControllerPublishVolume (`docs/design.md#capability`).
 ///
 /// Block if `spec.volumeMode == Block`; otherwise mount with `fs_type` = `spec.csi.fsType` or
 /// `default_fstype` when that is empty, and `mount_flags` = `spec.mountOptions`.

@@ -1,6 +1,7 @@
 //! The CSI handler: attach, detach, PV finalizers and the ListVolumes
-//! reconciler, as external-attacher's `csi_handler.go` does them (spec
-//! sections 3 and 5).
+//! reconciler, as external-attacher's `csi_handler.go` does them
+//! (`docs/design.md#attach`, `docs/design.md#detach`, `docs/design.md#pv-finalizer`,
+//! `docs/design.md#reconciler`).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -59,7 +60,8 @@ pub struct CsiHandler {
     force_sync: Mutex<HashSet<String>>,
     /// VA name → (UID, resourceVersion written by our `attached: true`
     /// status patch). While the cache holds an older copy of that VA, its
-    /// sync waits for the echo instead of publishing again (spec 3.12).
+    /// sync waits for the echo instead of publishing again
+    /// (`docs/design.md#own-writes`).
     attached: Mutex<HashMap<String, (String, String)>>,
 }
 
@@ -132,7 +134,7 @@ impl CsiHandler {
         self.force_sync.lock().remove(name)
     }
 
-    /// `syncAttach` (spec 3.5).
+    /// `syncAttach` (`docs/design.md#attach`).
     pub async fn sync_attach(&self, va: &Va) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
@@ -243,11 +245,11 @@ impl CsiHandler {
         Ok(self.client.publish(request, self.config.timeout).await?)
     }
 
-    /// Adds our finalizer to the PV (spec 3.5 step 1). The JSON Patch is built from the cached
-    /// copy, with a `test` of the list it replaces; when the cache is behind (our own earlier
-    /// add has not come back through the watch yet, or another controller changed the list),
-    /// the API server refuses it with 422, and the patch is built once more from a live read,
-    /// instead of failing the attach until the watch catches up.
+    /// Adds our finalizer to the PV (`docs/design.md#attach`, step 2). The JSON Patch is built
+    /// from the cached copy, with a `test` of the list it replaces; when the cache is behind
+    /// (our own earlier add has not come back through the watch yet, or another controller
+    /// changed the list), the API server refuses it with 422, and the patch is built once more
+    /// from a live read, instead of failing the attach until the watch catches up.
     async fn ensure_pv_finalizer(&self, pv: &Pv) -> Result<(), Error> {
         let Some(patch) = patches::pv_finalizer_add_patch(pv, &self.driver) else {
             return Ok(());
@@ -293,7 +295,7 @@ impl CsiHandler {
         }
     }
 
-    /// `syncDetach` (spec 3.6).
+    /// `syncDetach` (`docs/design.md#detach`).
     pub async fn sync_detach(&self, va: &Va) -> Result<Synced, Error> {
         let name = va.metadata.name.clone().unwrap_or_default();
         let forced = self.take_force_sync(&name);
@@ -343,7 +345,8 @@ impl CsiHandler {
         Ok(self.client.unpublish(request, self.config.timeout).await?)
     }
 
-    /// `markAsDetached`: our finalizer first, then the status (spec 3.6 step 5).
+    /// `markAsDetached`: our finalizer first, then the status, so a VA being deleted never
+    /// shows our finalizer with `attached: false` (`docs/design.md#detach`, step 5).
     async fn mark_as_detached(&self, va: &Va) -> Result<(), Error> {
         let name = va.metadata.name.as_deref().unwrap_or_default();
         if let Some(patch) = patches::va_finalizer_removal_patch(va, &self.driver) {
@@ -371,8 +374,8 @@ impl CsiHandler {
         Ok(())
     }
 
-    /// `SyncNewOrUpdatedPersistentVolume` (spec 3.8): removes our PV finalizer
-    /// once the PV is being deleted and no VA names it.
+    /// `SyncNewOrUpdatedPersistentVolume` (`docs/design.md#pv-finalizer`): removes our PV
+    /// finalizer once the PV is being deleted and no VA names it.
     pub async fn sync_pv(&self, pv: &Pv) -> Result<(), Error> {
         let in_use = |name: &str| self.stores.vas.any(|va| patches::va_uses_pv(va, name));
         let Some(index) = patches::pv_needs_finalizer_removal(pv, &self.driver, in_use) else {
@@ -404,7 +407,7 @@ impl CsiHandler {
         Ok(())
     }
 
-    /// One pass of the ListVolumes reconciler (spec section 5): the names of
+    /// One pass of the ListVolumes reconciler (`docs/design.md#reconciler`): the names of
     /// VAs whose `attached` disagrees with what the driver reports. They are
     /// marked for a forced sync; the caller enqueues them. Writes nothing.
     pub async fn reconcile(&self) -> Result<Vec<String>, csi::CallError> {

@@ -1,11 +1,13 @@
 //! Why the volume of a VA could not be resolved into a CSI volume: its source, its PV, the
-//! translation of an in-tree PV, or its access modes (spec §3.4, §3.5). The `Display` texts are
-//! exactly those external-attacher writes into `status.attachError` / `detachError`; none of
-//! these errors is final: the caller saves the text and retries with backoff.
+//! translation of an in-tree PV, or its access modes (`docs/design.md#volume-source`,
+//! `docs/design.md#capability`). The `Display` texts are exactly those external-attacher writes
+//! into `status.attachError` / `detachError`; none of these errors is final: the caller saves
+//! the text and retries with backoff.
 
 use super::translation::TranslationError;
 
-/// PV access modes CSI cannot express (spec §3.4, csi-lib-utils `accessmodes`).
+/// PV access modes CSI cannot express (`docs/design.md#capability`, csi-lib-utils
+/// `accessmodes`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AccessModeError {
     /// ReadWriteOncePod together with any other mode.
@@ -24,7 +26,8 @@ pub enum AccessModeError {
     },
 }
 
-/// Why the volume of a VA could not be resolved into a CSI volume (spec §3.4, §3.5).
+/// Why the volume of a VA could not be resolved into a CSI volume
+/// (`docs/design.md#volume-source`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// The VA names a PV and carries an inline spec.

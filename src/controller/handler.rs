@@ -1,4 +1,5 @@
-//! The handler a driver gets from its capabilities (spec 2.12-13).
+//! The handler a driver gets from its capabilities: the CSI handler with CONTROLLER_SERVICE
+//! and PUBLISH_UNPUBLISH_VOLUME, the trivial handler otherwise (`docs/design.md#startup`).
 
 use super::{
     csi_handler::CsiHandler,

@@ -2,8 +2,9 @@
 //! pure decisions and a thin async shell.
 //!
 //! The pure decisions (the counterpart of `util.go` and of the decisions in `csi_handler.go`,
-//! spec §3): nothing in them performs I/O; callers pass the objects they read from the caches
-//! and get back node IDs, CSI volumes and capabilities, PATCH bodies and yes/no decisions.
+//! `docs/design.md#volume-source` to `docs/design.md#va-update-filter`): nothing in them performs
+//! I/O; callers pass the objects they read from the caches and get back node IDs, CSI volumes
+//! and capabilities, PATCH bodies and yes/no decisions.
 //!
 //! * [`node_id`] — the CSI node ID of a VA's node;
 //! * [`source`] — the volume of a VA (PV or inline spec), in-tree PVs translated by

@@ -1,10 +1,10 @@
-//! The CSI node ID of a VA's node (external-attacher's `getNodeID`, spec §3.3): from the
-//! node's CSINode, else from the VA's node-ID annotation.
+//! The CSI node ID of a VA's node (external-attacher's `getNodeID`, `docs/design.md#node-id`):
+//! from the node's CSINode, else (detach and reconcile only) from the VA's node-ID annotation.
 
 use crate::k8s::lean::{CsiNode, Va};
 use crate::names::NODE_ID_ANNOTATION;
 
-/// Why no CSI node ID could be found (spec §3.3).
+/// Why no CSI node ID could be found (`docs/design.md#node-id`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeIdError {
     /// No CSINode object exists for the node (and the VA carries no node-ID annotation).

@@ -1,6 +1,7 @@
-//! Every PATCH body the attacher writes (spec §3.5, §3.6, §3.8) and the PV decisions around
-//! them: VA metadata and status merge patches, PV finalizer JSON patches, which PV events to
-//! queue and when a PV loses our finalizer.
+//! Every PATCH body the attacher writes (`docs/design.md#attach`, `docs/design.md#detach`,
+//! `docs/design.md#pv-finalizer`) and the PV decisions around them: VA metadata and status merge
+//! patches, PV finalizer JSON patches, which PV events to queue and when a PV loses our
+//! finalizer.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +14,7 @@ use crate::k8s::lean::{Pairs, Pv, Va};
 use crate::names::{MIGRATED_TO_ANNOTATION, NODE_ID_ANNOTATION, finalizer_name};
 
 /// The JSON merge patch on the VA's main resource that adds our finalizer and sets the node-ID
-/// annotation (spec §3.5 step 2.5), or `None` if both are already in place.
+/// annotation (`docs/design.md#attach`, step 3), or `None` if both are already in place.
 ///
 /// Only the missing parts are in the patch; `finalizers` carries the full new list because merge
 /// patches replace arrays wholesale.
@@ -36,8 +37,9 @@ pub fn va_metadata_patch(va: &Va, driver: &str, node_id: &str) -> Option<Value> 
     (!metadata.is_empty()).then(|| json!({ "metadata": metadata }))
 }
 
-/// The JSON merge patch on the VA's main resource that removes our finalizer (spec §3.6 step
-/// 5.1): the remaining list, or `null` when none remains. `None` if our finalizer is absent.
+/// The JSON merge patch on the VA's main resource that removes our finalizer
+/// (`docs/design.md#detach`, step 5, first write): the remaining list, or `null` when none
+/// remains. `None` if our finalizer is absent.
 pub fn va_finalizer_removal_patch(va: &Va, driver: &str) -> Option<Value> {
     let finalizer = finalizer_name(driver);
     let current = va.metadata.finalizers.as_deref().unwrap_or_default();
@@ -65,8 +67,9 @@ pub fn deleted_by_finalizer_removal(written: &VolumeAttachment) -> bool {
             .is_none_or(<[String]>::is_empty)
 }
 
-/// The status merge patch of `markAsAttached` (spec §3.5 step 4): `attached: true`,
-/// `attachmentMetadata` = the publish context, `attachError: null`, each only if it changes.
+/// The status merge patch of `markAsAttached` (`docs/design.md#attach`, step 6):
+/// `attached: true`, `attachmentMetadata` = the publish context, `attachError: null`, each only
+/// if it changes.
 ///
 /// Like Go's `createMergePatch`, an empty map counts as absent and map changes are sent per key
 /// (removed keys as `null`). Returns `{}` if nothing changes.
@@ -85,9 +88,9 @@ pub fn attached_status_patch(va: &Va, attachment_metadata: &BTreeMap<String, Str
     wrap_status(status)
 }
 
-/// The status merge patch of `markAsDetached` (spec §3.6 step 5.2): `attached: false`,
-/// `detachError: null`, `attachmentMetadata: null`, each only if it changes; `None` if the
-/// status already says detached with no error or metadata.
+/// The status merge patch of `markAsDetached` (`docs/design.md#detach`, step 5, second write):
+/// `attached: false`, `detachError: null`, `attachmentMetadata: null`, each only if it changes;
+/// `None` if the status already says detached with no error or metadata.
 pub fn detached_status_patch(va: &Va) -> Option<Value> {
     let old = &va.status;
     let mut status = Map::new();
@@ -103,7 +106,7 @@ pub fn detached_status_patch(va: &Va) -> Option<Value> {
     (!status.is_empty()).then(|| wrap_status(status))
 }
 
-/// The status merge patch saving an attach error (spec §3.5 step 3).
+/// The status merge patch saving an attach error (`docs/design.md#attach`, step 5).
 ///
 /// `error_code` is the gRPC code of a failed CSI call, `None` for other errors; it is written
 /// as `null` then, so a code left from an earlier attempt does not survive the merge.
@@ -119,7 +122,8 @@ pub fn attach_error_patch(message: &str, time: &Time, error_code: Option<i32>) -
     })
 }
 
-/// The status merge patch saving a detach error (spec §3.6 step 4): message and time only.
+/// The status merge patch saving a detach error (`docs/design.md#detach`, step 4): message and
+/// time only.
 pub fn detach_error_patch(message: &str, time: &Time) -> Value {
     json!({
         "status": {
@@ -160,8 +164,9 @@ fn map_diff(old: &Pairs, new: &BTreeMap<String, String>) -> Option<Value> {
     }
 }
 
-/// The JSON Patch (RFC 6902) adding our finalizer to a PV (spec §3.8), built from the cached
-/// copy so a concurrent change fails the `test` op; `None` if the finalizer is present.
+/// The JSON Patch (RFC 6902) adding our finalizer to a PV (`docs/design.md#pv-finalizer`),
+/// built from the cached copy so a concurrent change fails the `test` op; `None` if the
+/// finalizer is present.
 pub fn pv_finalizer_add_patch(pv: &Pv, driver: &str) -> Option<Value> {
     let finalizer = finalizer_name(driver);
     match pv.metadata.finalizers.as_deref() {
@@ -180,7 +185,8 @@ pub fn pv_finalizer_add_patch(pv: &Pv, driver: &str) -> Option<Value> {
     }
 }
 
-/// The JSON Patch removing our finalizer found at `index` of the cached PV (spec §3.8).
+/// The JSON Patch removing our finalizer found at `index` of the cached PV
+/// (`docs/design.md#pv-finalizer`).
 pub fn pv_finalizer_removal_patch(index: usize, driver: &str) -> Value {
     let path = format!("/metadata/finalizers/{index}");
     json!([
@@ -206,15 +212,17 @@ fn finalizer_index(pv: &Pv, driver: &str) -> Option<usize> {
         .position(|f| *f == finalizer)
 }
 
-/// The PV add/update event filter (spec §6): enqueue only a PV that carries our finalizer and
-/// is being deleted or has had its CSI migration to this driver rolled back.
+/// The PV add/update event filter (`docs/design.md#pv-finalizer`): enqueue only a PV that
+/// carries our finalizer and is being deleted or has had its CSI migration to this driver
+/// rolled back.
 pub fn should_enqueue_pv(pv: &Pv, driver: &str) -> bool {
     finalizer_index(pv, driver).is_some()
         && (pv.metadata.deletion_timestamp.is_some() || migration_rolled_back(pv, driver))
 }
 
-/// `SyncNewOrUpdatedPersistentVolume` (spec §3.8): the index of our finalizer if it is to be
-/// removed now, `None` if the PV is to be left alone (the caller then forgets the key).
+/// `SyncNewOrUpdatedPersistentVolume` (`docs/design.md#pv-finalizer`): the index of our
+/// finalizer if it is to be removed now, `None` if the PV is to be left alone (the caller then
+/// forgets the key).
 ///
 /// `in_use` tells whether any VA in the cache, of any driver, names the PV (see
 /// [`va_uses_pv`]): while one does, the finalizer stays (the VA's deletion re-enqueues the PV).

@@ -2,7 +2,8 @@
 
 use crate::k8s::lean::Va;
 
-/// Decides whether a VolumeAttachment update (`old` → `new`) is enqueued (spec §3.12).
+/// Decides whether a VolumeAttachment update (`old` → `new`) is enqueued
+/// (`docs/design.md#va-update-filter`).
 ///
 /// * Same `resourceVersion` (a periodic resync): enqueue.
 /// * Neither object carries `status.attachError` / `status.detachError`: enqueue.

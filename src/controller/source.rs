@@ -1,5 +1,6 @@
-//! Where a VA's volume comes from (spec §3.4): a PV from the cache (in-tree ones translated to
-//! CSI) or the VA's inline spec, checked and turned into the [`Volume`] to publish.
+//! Where a VA's volume comes from (`docs/design.md#volume-source`): a PV from the cache
+//! (in-tree ones translated to CSI) or the VA's inline spec, checked and turned into the
+//! [`Volume`] to publish.
 
 use std::borrow::Borrow;
 
@@ -19,7 +20,8 @@ pub enum Source<'a> {
     Inline(&'a PersistentVolumeSpec),
 }
 
-/// Reads and checks `va.spec.source` (spec §3.4).
+/// Reads and checks `va.spec.source`: exactly one of a PV name and an inline spec with a CSI
+/// source (`docs/design.md#volume-source`).
 pub fn va_source(va: &Va) -> Result<Source<'_>> {
     let source = &va.spec.source;
     match (&source.persistent_volume_name, &source.inline_volume_spec) {
@@ -31,7 +33,8 @@ pub fn va_source(va: &Va) -> Result<Source<'_>> {
     }
 }
 
-/// Refuses to attach a PV that is being deleted (spec §3.5 step 2.1).
+/// Refuses to attach a PV that is being deleted: our PV finalizer is removed only from such a
+/// PV, so attach and removal never race (`docs/design.md#pv-finalizer`).
 pub fn check_pv_attachable(pv: &Pv) -> Result<()> {
     if pv.metadata.deletion_timestamp.is_some() {
         return Err(Error::PvMarkedForDeletion {
@@ -84,7 +87,8 @@ pub fn csi_source(spec: &PersistentVolumeSpec) -> Result<&CSIPersistentVolumeSou
 }
 
 /// Turns a PV into a CSI [`Volume`], translating in-tree sources of the seven CSI-migration
-/// plugins (spec §3.4, §3.10). A PV that is neither CSI nor translatable → [`Error::NotCsi`].
+/// plugins (`docs/design.md#volume-source`). A PV that is neither CSI nor translatable →
+/// [`Error::NotCsi`].
 pub fn pv_volume(pv: &Pv) -> Result<Volume> {
     let spec = pv.spec.to_api();
     if let Some(plugin) = InTreePlugin::of(&spec) {

@@ -1,5 +1,6 @@
 //! The trivial handler, for drivers without CONTROLLER_SERVICE or
-//! PUBLISH_UNPUBLISH_VOLUME: marks every VA attached, nothing else (spec 4).
+//! PUBLISH_UNPUBLISH_VOLUME: marks every VA attached, nothing else
+//! (`docs/design.md#trivial-handler`).
 
 use super::sync::{Error, Synced};
 use crate::k8s::{self, Writer, lean::Va};

@@ -39,7 +39,7 @@ pub mod method {
 
 /// Largest response this client accepts. gRPC's default is 4 MiB, which a
 /// ListVolumes page of a big cluster can exceed when `--max-entries` is unset
-/// (spec section 5); 64 MiB leaves ample room while still bounding memory.
+/// (`docs/design.md#reconciler`); 64 MiB leaves ample room while still bounding memory.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 /// `text` cut to `max` characters, with external-attacher's note appended.

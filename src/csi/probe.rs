@@ -1,5 +1,5 @@
 //! Start-up conversation with a driver: wait until it is ready, learn its
-//! name, detect its capabilities (spec section 2, steps 8-13).
+//! name, detect its capabilities (`docs/design.md#startup`).
 
 use std::time::Duration;
 
@@ -44,12 +44,12 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// The CSI handler is used; otherwise the trivial handler (spec 2.12-13).
+    /// The CSI handler is used; otherwise the trivial handler (`docs/design.md#startup`).
     pub fn needs_attach(&self) -> bool {
         self.controller_service && self.publish_unpublish
     }
 
-    /// The ListVolumes reconciler can run (spec section 5).
+    /// The ListVolumes reconciler can run (`docs/design.md#reconciler`).
     pub fn can_reconcile(&self) -> bool {
         self.controller_service && self.list_volumes && self.list_volumes_published_nodes
     }

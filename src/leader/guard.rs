@@ -432,8 +432,9 @@ impl Guard {
         view.allows_acquire()
     }
 
-    /// Starts [`Guard::run`] in a task instrumented with the Lease. Own the handle (STYLE
-    /// rule 9).
+    /// Starts [`Guard::run`] in a task instrumented with the Lease. The caller keeps the handle
+    /// and awaits or aborts it: a task nobody owns would go on after its driver stopped, and
+    /// its panic would go unobserved.
     pub fn spawn(self: &Arc<Self>, stop: CancellationToken) -> JoinHandle<()> {
         // The driver (and so the Lease) comes from the caller's span.
         let span = tracing::info_span!("lease_guard");

@@ -1,8 +1,9 @@
 //! Lease-based leader election with client-go's `LeaderElector` / `LeaseLock` semantics.
 //!
 //! attacher-hub and the Go external-attacher must be able to contend for the *same*
-//! `coordination.k8s.io/v1` Lease (`external-attacher-leader-<sanitized driver>`, spec §7.1)
-//! without ever both leading. So this module writes the Lease exactly as client-go does:
+//! `coordination.k8s.io/v1` Lease (`external-attacher-leader-<sanitized driver>`,
+//! `docs/design.md#leader-election`) without ever both leading. So this module writes the Lease
+//! exactly as client-go does:
 //!
 //! * every `retry_period` (jittered by up to [`JITTER_FACTOR`] × `retry_period` while
 //!   acquiring), *try to acquire or renew*: GET the Lease; if it does not exist, create it;
@@ -19,14 +20,15 @@
 //!   [`Leadership::Standby`] and then writes an empty holder with `leaseDurationSeconds: 1`, so a
 //!   waiting candidate (Go or Rust) takes over on its next attempt.
 //!
-//! Leadership is published as a [`tokio::sync::watch`] value (STYLE rule 10): controllers start
+//! Leadership is published as a [`tokio::sync::watch`] value, because a hub must stop only the
+//! driver whose Lease it lost, not exit (`docs/design.md#leadership-watch`): controllers start
 //! their work when it becomes [`Leadership::Leading`] and stop when it changes away from it.
 //! Unlike client-go, whose run loop ends (and external-attacher exits) after leadership is lost,
 //! the elector goes back to competing; the caller decides whether a loss is fatal.
 //!
 //! The Kubernetes client passed to [`LeaderElector::new`] should be a **separate** client from the
-//! one the controllers use (external-attacher does this since v3.0, issue #241), so that a
-//! throttled or busy controller client cannot cost the lease. Building it is the caller's job.
+//! one the controllers use (as external-attacher does since v3.0), so that a throttled or busy
+//! controller client cannot cost the lease. Building it is the caller's job.
 //!
 //! Not reproduced from client-go: leader-election Events (the reference RBAC does not grant them,
 //! so external-attacher's event writes fail anyway) and the `leader_election_*` metrics.

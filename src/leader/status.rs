@@ -11,7 +11,7 @@ use super::config::Config;
 
 /// How long past `lease_duration` a leader may go without a successful renewal before
 /// `/healthz/leader-election` reports it unhealthy (client-go's `HealthzAdaptor` timeout as used by
-/// external-attacher, spec §7.3).
+/// external-attacher, `docs/design.md#health`).
 pub const HEALTH_TOLERANCE: Duration = Duration::from_secs(20);
 
 /// The leader is not renewing its Lease (client-go `HealthzAdaptor` failure).

@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec
 
 use crate::k8s::lean::{InTreeSource, Pv};
 
-/// The in-tree volume plugins csi-translation-lib migrates, and their CSI drivers (spec §2
-/// step 10).
+/// The in-tree volume plugins csi-translation-lib migrates, and their CSI drivers
+/// (`docs/design.md#volume-source`, `docs/design.md#startup`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InTreePlugin {
     /// `gcePersistentDisk` → `pd.csi.storage.gke.io`.

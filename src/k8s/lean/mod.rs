@@ -52,7 +52,7 @@
 //! the same figures in debug and release builds, whose layouts and allocations are the same;
 //! 2026-12-01):
 //!
-//! | bytes per cached object | API types, managedFields cleared, kube-runtime's store (before) | lean types, our store (after) | bound (issue 17) |
+//! | bytes per cached object | API types, managedFields cleared, kube-runtime's store (before) | lean types, our store (after) | bound (`docs/design.md#targets`) |
 //! |---|---|---|---|
 //! | VolumeAttachment | 5,724 | 1,034 (0.18×) | 1,536 |
 //! | PersistentVolume | 7,006 | 1,060 (0.15×) | 2,048 |
