@@ -1,4 +1,4 @@
-//! API budgets against the real API server (issue 9): each driver of a hub has the budget its
+//! API budgets against the real API server: each driver of a hub has the budget its
 //! sidecar had, never waiting for another driver's tokens; the optional process-wide cap lets a
 //! quiet driver through while another floods it; `/drivers`, the metrics and the log tell why a
 //! driver waits; and a detach costs one API write, not two.

@@ -19,8 +19,8 @@
 //! * e1, e2 (hub only): d with a process-wide cap equal to the fleet's total,
 //!   and with a cap that binds;
 //! * f: idle memory and watches with 5,000 extra VAs and PVs in the cluster;
-//! * squeeze (issue 31, `bench/squeeze.rs`): API Priority and Fairness squeezes the attachers' identity;
-//! * startup, scale-objects, scale-drivers (issue 17, `bench/scale.rs`): start-up with 50,000
+//! * squeeze (`bench/squeeze.rs`): API Priority and Fairness squeezes the attachers' identity;
+//! * startup, scale-objects, scale-drivers (`bench/scale.rs`): start-up with 50,000
 //!   VAs and PVs, and the scale curve over objects (1,000 to 100,000) and drivers (1 to 100),
 //!   drawn in `target/bench-scale.svg`.
 //!
@@ -482,7 +482,7 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
         results.push(result);
     }
 
-    // Issue 17: start-up at scale and the scale curve.
+    // Start-up at scale and the scale curve (bench/scale.rs).
     let scale_knobs = scale::ScaleKnobs::from_env();
     let mut scale_results = scale::ScaleResults::default();
     let wants = |id: &str| knobs.configs.iter().any(|c| c == id);
@@ -496,7 +496,7 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
         scale::drivers_sweep(cluster, &scale_knobs, &mut scale_results).await;
     }
 
-    // Issue 31: API Priority and Fairness squeezes the attachers (bench/squeeze.rs).
+    // API Priority and Fairness squeezes the attachers (bench/squeeze.rs).
     let squeezed = if wants("squeeze") {
         Some(squeeze::bench_section(cluster, knobs.repeats, knobs.timeout, knobs.settle).await)
     } else {

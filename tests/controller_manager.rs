@@ -1,4 +1,4 @@
-//! attacher-hub among the peers it meets in a real cluster (issue 19): the
+//! attacher-hub among the peers it meets in a real cluster: the
 //! VolumeAttachments come from kube-controller-manager's attach-detach
 //! controller, made from Pods and their claims, and the driver is the GCE PD
 //! CSI driver's own controller service on its fake cloud (`pd-controller`).

@@ -1,4 +1,4 @@
-//! Differential test (issue 4, "Done when"): one scenario table, run once
+//! Differential test: one scenario table, run once
 //! with the reference Go csi-attacher v4.13 and once with attacher-hub in
 //! sidecar mode, against the real API server and the same Rust mock CSI
 //! driver, with the same flags (`--timeout=2s --retry-interval-start=200ms
@@ -26,7 +26,7 @@
 //! Calls are ordered by arrival, not by when the mock finished them (a call
 //! the attacher gave up on ends whenever the server notices).
 //!
-//! **The one deliberate difference** (issue 4 item 8, spec 3.12): the Go
+//! **The one deliberate difference** (`docs/design.md#own-writes`): the Go
 //! attacher may call ControllerPublishVolume a second time because its own VA
 //! write comes back through its watch before the `attached` status does;
 //! attacher-hub never does. So for every successful ControllerPublishVolume
@@ -36,7 +36,7 @@
 //! call, or two when a re-sync read a stale cache right after the detach
 //! (either attacher may do that, depending on timing only), on both sides.
 //!
-//! **Go's stale re-attach.** The same mechanism (spec 3.12) can make Go
+//! **Go's stale re-attach.** The same mechanism can make Go
 //! re-run the whole attach of an attached VA after the test moved on: when
 //! that repeat fails (the Secret or the PV is gone by then), Go saves an
 //! `attachError` the hub never writes. Go's log shows the repeat (an
@@ -239,7 +239,8 @@ struct Report {
     failures: Vec<String>,
     /// Differences of scenarios marked `known_difference`.
     known: Vec<String>,
-    /// Differences explained by the reference's stale re-attach (spec 3.12).
+    /// Differences explained by the reference's stale re-attach
+    /// (`docs/design.md#own-writes`).
     allowed: Vec<String>,
 }
 

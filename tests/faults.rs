@@ -248,7 +248,7 @@ async fn two_mocks(tag: &str, volumes: usize) -> Vec<Mock> {
 }
 
 // ---------------------------------------------------------------------------
-// The API server pushing back (issue 31)
+// The API server pushing back (429 with Retry-After, API Priority and Fairness)
 // ---------------------------------------------------------------------------
 
 /// Limit for each side's attaches and detaches under the squeeze.
@@ -588,7 +588,7 @@ fn compare(report: &mut Report, what: &str, hub: Option<Duration>, go: Option<Du
     }
 }
 
-/// The fault of issue 17: a proxy that, for 20 s, moves no byte in either
+/// A stalled connection: a proxy that, for 20 s, moves no byte in either
 /// direction while keeping both sockets open (the kernels keep ACKing, so
 /// TCP keepalive and `TCP_USER_TIMEOUT` see nothing), then forwards new
 /// connections again while the frozen ones stay frozen for good. The hub

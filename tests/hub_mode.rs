@@ -1247,7 +1247,7 @@ async fn discovered_sockets_become_and_stop_being_drivers() {
 // 6. A PV named by VAs of two drivers served by the same hub
 // ---------------------------------------------------------------------------
 
-/// Spec section 6: the deletion of a VA of *any* driver reaches every driver
+/// The deletion of a VA of *any* driver reaches every driver
 /// holding a finalizer on its PV. Here the other driver does not attach (the
 /// trivial handler: no finalizer anywhere), so its VA's deletion changes
 /// nothing else a driver would see; without being told of it, the driver

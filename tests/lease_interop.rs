@@ -1,7 +1,7 @@
 //! Lease interop of the attacher-hub *binary* with the reference Go
 //! external-attacher (v4.13, client-go leader election), both started with
 //! `--leader-election` for the same driver against the real kube-apiserver
-//! and the Go mock CSI driver (issue 4, "Lease interop").
+//! and the Go mock CSI driver.
 //!
 //! * Never both leading: a monitor samples both processes' own view (hub:
 //!   `/drivers` and `leader_election_master_status`; Go:
@@ -66,7 +66,9 @@ const SIDE_BY_SIDE: Duration = Duration::from_secs(10);
 /// How often hand-over waits read the Lease.
 const POLL: Duration = Duration::from_millis(20);
 
-/// The graceful hand-over bound of issue 4.
+/// Longest graceful hand-over: a leader stopped with SIGTERM vacates the Lease,
+/// so the other side leads within this, not a lease duration later
+/// (`docs/design.md#targets`).
 const GRACEFUL_BOUND: Duration = Duration::from_secs(2);
 
 /// The CSI method whose calls are counted.

@@ -1,4 +1,4 @@
-//! Differential test against a vendor's real controller code (issue 19): the
+//! Differential test against a vendor's real controller code: the
 //! GCE PD CSI driver's own ControllerPublish/Unpublish rules, on its fake
 //! cloud, answer the reference Go external-attacher v4.13.0 and attacher-hub
 //! (sidecar mode) in the same scenarios, with the same flags, and the

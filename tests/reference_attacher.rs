@@ -87,7 +87,7 @@ async fn reference_attacher_attaches_and_detaches_through_the_harness() {
 
 #[test]
 fn harness_sanitizes_driver_names_like_external_attacher() {
-    // Examples from spec section 3.2.
+    // A dot becomes `-`; a trailing `-` gets an `X` (`docs/design.md#names`).
     assert_eq!(
         support::sanitize_driver_name("hostpath.csi.k8s.io"),
         "hostpath-csi-k8s-io"

@@ -1,5 +1,6 @@
-//! One focused test per bug of issue 13 (and per promise it found untested),
-//! each with the smallest setup that shows it. `docs/reliability.md` says what
+//! One focused test per bug that fault injection against a real API server
+//! found (and per promise found untested), each with the smallest setup that
+//! shows it. `docs/reliability.md` says what
 //! each guards against and how it was fixed.
 //!
 //! A test that fails on the current code belongs in `kit::known::KNOWN_FAILING`

@@ -31,9 +31,9 @@ fn finalizer_holders(pv: &Pv) -> impl Iterator<Item = &str> {
 /// The drivers, by sanitized name, to be told about `pv` when a VA naming it
 /// is deleted, besides the VA's own driver (`attacher`, which always is).
 ///
-/// Spec section 6: every attacher puts the PV of *any* deleted VA on its PV
-/// queue, whatever the VA's driver, because that VA may have been the last
-/// one keeping the attacher's finalizer on the PV. Only an attacher holding a
+/// Every attacher puts the PV of *any* deleted VA on its PV queue, whatever
+/// the VA's driver, because that VA may have been the last one keeping the
+/// attacher's finalizer on the PV (`docs/design.md#pv-finalizer`). Only an attacher holding a
 /// finalizer on the PV can have anything to do, so only those are told. A
 /// deletion is the only VA event that can release a finalizer: a VA's spec
 /// (and so the PV it names) is immutable, and an added VA only keeps one.

@@ -1,4 +1,4 @@
-//! `make bench`'s end-to-end configuration (issue 19): Pods through
+//! `make bench`'s end-to-end configuration: Pods through
 //! kube-controller-manager to the GCE PD driver's own controller service on
 //! its fake cloud, with a cloud-like publish latency (1 s ± 20 % by default),
 //! served by one attacher-hub (hub mode) or by the Go fleet (one

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::scenario::{Contender, RunSpec, Sample, Workload};
 use crate::support::RequestKind;
 
-/// API writes of one attach on a fresh PV (spec §3.5): PV finalizer, VA
+/// API writes of one attach on a fresh PV (`docs/design.md#attach`): PV finalizer, VA
 /// finalizer and annotation, `status.attached`.
 pub(crate) const ATTACH_WRITES_PER_VA: f64 = 3.0;
 

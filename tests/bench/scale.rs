@@ -1,4 +1,4 @@
-//! The scale curve and start-up at scale (issue 17): how the hub's cost grows with the number of
+//! The scale curve and start-up at scale: how the hub's cost grows with the number of
 //! drivers and of objects in the cluster, against as many Go sidecars, and how long each takes
 //! to start when the cluster already holds tens of thousands of attachments.
 //!

@@ -1,5 +1,5 @@
 //! The scale part of the report: the drivers and objects curves and the start-up, as Markdown
-//! tables, and the Done-when checks of issue 17 they decide.
+//! tables, and the checks of the scale targets (`docs/design.md#targets`) they decide.
 
 use std::fmt::Write as _;
 
@@ -10,13 +10,13 @@ use crate::scale::{
 use crate::scenario::Contender;
 use crate::support::RequestKind;
 
-/// Issue 17: idle RSS at start-up scale, hub / fleet, at most.
+/// Target: idle RSS at start-up scale, hub / fleet, at most (`docs/design.md#targets`).
 const IDLE_RSS_RATIO: f64 = 0.05;
-/// Issue 17: idle RSS at start-up scale, at most (MiB).
+/// Target: idle RSS at start-up scale, at most (MiB).
 const IDLE_RSS_MIB: f64 = 250.0;
-/// Issue 17: start-up to synced and idle, hub / fleet, at most.
+/// Target: start-up to synced and idle, hub / fleet, at most.
 const STARTUP_RATIO: f64 = 0.5;
-/// Issue 17: idle CPU of one hub with the most drivers, over as many sidecars, at most.
+/// Target: idle CPU of one hub with the most drivers, over as many sidecars, at most.
 const IDLE_CPU_RATIO: f64 = 0.05;
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -155,7 +155,7 @@ fn startup_row(md: &mut String, c: Contender, drivers: usize, s: &StartupSample)
 /// The scale section of the report.
 pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
     let mut md = String::new();
-    let _ = writeln!(md, "\n## Scale (issue 17)\n");
+    let _ = writeln!(md, "\n## Scale\n");
     if !r.drivers.is_empty() {
         let _ = writeln!(
             md,
@@ -301,7 +301,7 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
     if !checks.is_empty() {
         let _ = writeln!(
             md,
-            "\n### Done-when checks (issue 17)\n\n| check | measured | threshold | result |\n|---|---|---|---|"
+            "\n### Scale target checks\n\n| check | measured | threshold | result |\n|---|---|---|---|"
         );
         for c in checks {
             let verdict = match c.pass {

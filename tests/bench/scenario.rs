@@ -734,7 +734,7 @@ fn assert_running(processes: &mut [ChildProcess]) {
     }
 }
 
-/// Resources an attacher touches (spec §9: its RBAC). Requests on others come
+/// Resources an attacher touches (its RBAC, `docs/design.md#rbac`). Requests on others come
 /// from the API server itself (its own informers' watches end and are counted).
 const ATTACHER_RESOURCES: &[&str] = &[
     "volumeattachments",

@@ -1,4 +1,4 @@
-//! The API server squeezes the attachers' identity (issue 31): a PriorityLevelConfiguration of
+//! The API server squeezes the attachers' identity: a PriorityLevelConfiguration of
 //! about 3 seats with one queue of 2, and a FlowSchema that puts every request of the
 //! attacher's ServiceAccount in it (API Priority and Fairness, `flowcontrol.apiserver.k8s.io/v1`).
 //! Then the Go fleet (one external-attacher per driver) and the hub, one after the other on the
@@ -537,7 +537,7 @@ pub(crate) async fn bench_section(
         pairs.push(sides);
     }
     let mut md = format!(
-        "\n## squeeze: API Priority and Fairness squeezes the attachers (issue 31)\n\n\
+        "\n## squeeze: API Priority and Fairness squeezes the attachers\n\n\
          A FlowSchema puts every request of the attachers' ServiceAccount in a priority level of \
          about 3 seats and one queue of 2; {DRIVERS} drivers, {} VAs attached, then {DETACH} \
          deleted; QPS 100 / burst 200 on both sides; each run on a fresh level. 429s are the API \

@@ -41,8 +41,8 @@ const SERVER_TROUBLE: &[&str] = &[
 ];
 
 /// A JSON Patch whose `test` failed because the attacher built it from a cache
-/// that lags behind the API server (422: the PV finalizer patches of spec 3.5
-/// and 3.8). On a loaded machine the watch lags seconds behind the
+/// that lags behind the API server (422: the PV finalizer patches of
+/// `docs/design.md#pv-finalizer`). On a loaded machine the watch lags seconds behind the
 /// attacher's own writes; Go then fails the attach and saves this text in
 /// `attachError` until its informer catches up (the hub reads the PV live and
 /// goes on, see docs/differences.md). Which attempt hits the lag is timing.
@@ -185,7 +185,8 @@ pub(crate) fn by_scenario(
 
 /// Object names of VAs the Go attacher re-attached after it had attached them,
 /// with no detach in between: its log has an `"Attaching"` line for the VA
-/// after an `"Attached"` one. That is spec 3.12's stale re-attach (or, in the
+/// after an `"Attached"` one. That is the stale re-attach of
+/// `docs/design.md#own-writes` (or, in the
 /// reconciler's batch, a forced re-sync, which the hub makes too).
 pub(crate) fn stale_reattaches(go_log: &str) -> BTreeSet<String> {
     let mut attached: BTreeSet<String> = BTreeSet::new();

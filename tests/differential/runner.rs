@@ -83,7 +83,7 @@ pub(crate) struct Outcome {
     /// errors of that kind (see `infra.rs`).
     pub(crate) infra: Vec<String>,
     /// Roles of the VAs the Go attacher re-attached from a stale cache after
-    /// attaching them (spec 3.12); always empty for the hub.
+    /// attaching them (`docs/design.md#own-writes`); always empty for the hub.
     pub(crate) stale_reattached: BTreeSet<String>,
 }
 

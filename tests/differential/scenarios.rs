@@ -327,7 +327,8 @@ fn attaches(name: impl Into<String>, intent: &'static str, pv: CsiSpec) -> Scena
 
 /// Any setup, expected to end with an attach error on `va`.
 ///
-/// `expect` is a part of the error message the spec prescribes: the wait is
+/// `expect` is a part of the error message external-attacher writes
+/// (`docs/design.md#volume-source`): the wait is
 /// for that error, not for any error, because a first attempt may fail
 /// transiently in both attachers (the VA reached the attacher's cache before
 /// the PV or the CSINode did).
@@ -350,7 +351,7 @@ fn fails(
     }
 }
 
-/// Both access-mode tables (spec 3.4): the same PVs against a driver without
+/// Both access-mode tables (`docs/design.md#capability`): the same PVs against a driver without
 /// and (prefix `snmw-`) with SINGLE_NODE_MULTI_WRITER.
 fn access_mode_rows(prefix: &str) -> Vec<Scenario> {
     const ROWS: &[(&str, &[&str], bool)] = &[
@@ -373,7 +374,7 @@ fn access_mode_rows(prefix: &str) -> Vec<Scenario> {
             if ok {
                 attaches(
                     name,
-                    "access modes map to the CSI access mode of spec 3.4's table",
+                    "access modes map to the CSI access mode of external-attacher's table",
                     csi(modes),
                 )
             } else {
@@ -693,7 +694,8 @@ fn snmw_batch() -> Batch {
     }
 }
 
-/// A driver without PUBLISH_UNPUBLISH_VOLUME: the trivial handler (spec 4).
+/// A driver without PUBLISH_UNPUBLISH_VOLUME: the trivial handler
+/// (`docs/design.md#trivial-handler`).
 fn trivial_batch() -> Batch {
     Batch {
         name: "trivial",
@@ -923,7 +925,7 @@ fn lifecycle_batch() -> Batch {
     let scenarios = vec![
         scenario(
             "shared-foreign-last",
-            "PV of our VA and of another driver's VA, deleted: our VA's deletion keeps the finalizer (the other VA still names the PV); the other driver's VA's deletion releases it at once (spec 6), not at the next resync",
+            "PV of our VA and of another driver's VA, deleted: our VA's deletion keeps the finalizer (the other VA still names the PV); the other driver's VA's deletion releases it at once (a VA deletion queues its PV), not at the next resync",
             shared_setup(),
             vec![
                 attach(),
@@ -1370,8 +1372,8 @@ fn in_tree_spec(modes: &[&str], set: impl FnOnce(&mut PersistentVolumeSpec)) -> 
 }
 
 /// Attach, detach, then the PV: with no `migrated-to` annotation the PV
-/// counts as rolled back (spec 3.8), so its finalizer goes as soon as no VA
-/// names it, while the PV still lives.
+/// counts as rolled back (`docs/design.md#pv-finalizer`), so its finalizer
+/// goes as soon as no VA names it, while the PV still lives.
 fn in_tree_lifecycle() -> Vec<Step> {
     vec![
         Step::Wait("va", VaState::Attached),
@@ -1400,9 +1402,9 @@ fn attach_error(expect: &'static str) -> Vec<Step> {
     ]
 }
 
-/// Marks a scenario whose only difference is the in-tree translation
-/// (`controller::attachment`, issue 10 items 1-2, fixed on another branch).
-/// One batch per CSI-migration driver (a fixed driver name each).
+/// In-tree PVs of the seven CSI-migration plugins, which both attachers must
+/// translate alike (`docs/design.md#volume-source`). One batch per
+/// CSI-migration driver (a fixed driver name each).
 fn in_tree_batches() -> Vec<Batch> {
     use k8s_openapi::api::core::v1::{
         AWSElasticBlockStoreVolumeSource as Ebs, AzureDiskVolumeSource as AzureDisk,

@@ -176,7 +176,7 @@ impl Snapshot {
             match entries.last_mut() {
                 Some((last, _, count)) if *last == text => *count += 1,
                 // A successful publish right after a successful publish is a
-                // repeat of it (spec 3.12): it counts towards the first
+                // repeat of it (`docs/design.md#own-writes`): it counts towards the first
                 // entry even if a Secret changed in between (the Go
                 // attacher's repeat may read it after the change).
                 Some((_, first, count)) if ok_publish(first) && ok_publish(c) => *count += 1,
@@ -263,10 +263,12 @@ fn render(c: &CallRecord) -> String {
 pub(crate) struct Differences {
     /// Fields (objects, call entries, unpublish counts) that differ.
     pub(crate) fields: Vec<String>,
-    /// Successful publishes the hub repeated (issue 4 item 8).
+    /// Successful publishes the hub repeated: none may exist, the hub never
+    /// publishes twice because of its own writes (`docs/design.md#own-writes`).
     pub(crate) duplicate_publishes: Vec<String>,
-    /// Differences explained by the Go attacher's stale re-attach (spec
-    /// 3.12), which the hub never makes: reported, never failed.
+    /// Differences explained by the Go attacher's stale re-attach
+    /// (`docs/design.md#own-writes`), which the hub never makes: reported,
+    /// never failed.
     pub(crate) allowed: Vec<String>,
 }
 
@@ -289,14 +291,16 @@ const MAX_OK_UNPUBLISHES: usize = 2;
 ///
 /// Counts of collapsed entries are compared only where they mean something:
 /// * a ControllerPublishVolume answered OK: the hub may call it *fewer*
-///   times than Go (no duplicate publish caused by its own writes, spec 3.12)
+///   times than Go (no duplicate publish caused by its own writes,
+///   `docs/design.md#own-writes`)
 ///   and must call it exactly once;
 /// * a ControllerUnpublishVolume answered OK: once, or twice (see
 ///   [`MAX_OK_UNPUBLISHES`]), on both sides;
 /// * failed calls are retries whose number depends on timing: not compared.
 ///
 /// `go_reattached` names the VA roles the Go attacher re-attached from a
-/// stale cache after attaching them (spec 3.12, found in its log). Such a
+/// stale cache after attaching them (`docs/design.md#own-writes`, found in
+/// its log). Such a
 /// re-attach runs the whole attach again, after the test may have moved on
 /// (deleted the Secret, the PV, the CSINode): when it fails, Go saves an
 /// `attachError` the hub, which never re-attaches an attached VA, cannot
@@ -318,7 +322,7 @@ pub(crate) fn compare(
         let line = format!("{k}:\n      Go:  {g}\n      hub: {h}");
         if h == NONE && stale_reattach_error(k, go_reattached) {
             out.allowed.push(format!(
-                "{line}\n      (Go re-attached this attached VA from a stale cache, spec 3.12, and the repeat failed)"
+                "{line}\n      (Go re-attached this attached VA from a stale cache, and the repeat failed)"
             ));
         } else {
             out.fields.push(line);

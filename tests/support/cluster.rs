@@ -106,7 +106,7 @@ impl Cluster {
         client_from(&self.kubeconfig).await
     }
 
-    /// A client with the attacher identity (only the RBAC of spec section 9).
+    /// A client with the attacher identity (only the RBAC of `docs/design.md#rbac`).
     pub(crate) async fn attacher_client(&self) -> Client {
         client_from(&self.attacher_kubeconfig).await
     }

@@ -213,7 +213,7 @@ where
         })
 }
 
-/// external-attacher's sanitization of a driver name (spec 3.2).
+/// external-attacher's sanitization of a driver name (`docs/design.md#names`).
 pub(crate) use attacher_hub::names::sanitize_driver_name;
 
 /// The finalizer an attacher for `driver` puts on VAs and PVs:

@@ -357,8 +357,10 @@ fn call_marker(method: &str) -> String {
 }
 
 /// Starts the reference Go external-attacher (v4.13.0) with the attacher
-/// identity against the CSI socket `socket`, as test-infra.md 3.2 suggests for
-/// a local API server. `extra_args` come last and so override the defaults.
+/// identity against the CSI socket `socket`, with an API budget high enough
+/// (100 QPS, burst 200) that client-side throttling does not set a local
+/// test's pace, and `-v=5` logs. `extra_args` come last and so override the
+/// defaults.
 pub(crate) fn start_reference_attacher(
     cluster: &Cluster,
     socket: &Path,
