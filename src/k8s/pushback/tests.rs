@@ -540,3 +540,83 @@ async fn a_throttled_stretch_ends_after_a_quiet_spell() {
     assert!(s.throttled);
     assert_eq!(s.throttled_seconds, Some(1.0));
 }
+
+/// A `tracing` writer appending to a shared buffer, for the log lines of a stretch.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// The captured lines that contain `text`.
+    fn lines_with(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock())
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_stretch_is_logged_once_when_it_starts_and_once_when_it_ends() {
+    const START: &str = "the API server is throttling this driver's requests";
+    const END: &str = "the API server no longer throttles this driver's requests";
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let fake = Fake::new(&[Answer(429, Some("1")), Answer(429, Some("2"))]);
+    let (a, _) = budget("a", Limit::Unlimited);
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("va-1"))
+        .await
+        .expect("200");
+    let started = captured.lines_with(START);
+    assert_eq!(started.len(), 1, "two 429s, one stretch: {started:?}");
+    for field in [
+        "driver=a",
+        "priority_level_uid=\"pl-uid\"",
+        "flow_schema_uid=\"fs-uid\"",
+        "request=\"work\"",
+    ] {
+        assert!(started[0].contains(field), "{field} in {}", started[0]);
+    }
+    assert!(captured.lines_with(END).is_empty(), "not over yet");
+
+    // Not yet quiet long enough: a read of the status does not end it.
+    tokio::time::sleep(STRETCH_QUIET / 2).await;
+    let _ = a.status();
+    assert!(
+        captured.lines_with(END).is_empty(),
+        "quiet for only half of {STRETCH_QUIET:?}"
+    );
+
+    tokio::time::sleep(STRETCH_QUIET).await;
+    let _ = a.status();
+    let ended = captured.lines_with(END);
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert!(ended[0].contains("driver=a"), "{}", ended[0]);
+    assert!(ended[0].contains("too_many_requests=2"), "{}", ended[0]);
+
+    // Later reads log nothing more; the next 429 starts (and logs) a new stretch.
+    let _ = a.status();
+    assert_eq!(captured.lines_with(END).len(), 1);
+    let fake = Fake::new(&[Answer(429, Some("1"))]);
+    scoped(work(&a, Duration::from_secs(30)), fake.patch("va-2"))
+        .await
+        .expect("200");
+    assert_eq!(captured.lines_with(START).len(), 2);
+}
