@@ -155,6 +155,10 @@ fn startup_row(md: &mut String, c: Contender, drivers: usize, s: &StartupSample)
 /// The scale section of the report.
 pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
     let mut md = String::new();
+    if r.drivers.is_empty() && r.objects.is_empty() && r.startup.is_empty() {
+        // None of the scale configurations ran (BENCH_CONFIGS): no empty section.
+        return md;
+    }
     let _ = writeln!(md, "\n## Scale\n");
     if !r.drivers.is_empty() {
         let _ = writeln!(
