@@ -61,6 +61,8 @@ phase "cargo fmt --check" cargo fmt --all -- --check
 # No comment or document points to a reason kept outside the repository, and every
 # docs/design.md#anchor the code links to exists (scripts/check-reasons.sh says where).
 phase "check reasons" "$repo_root/scripts/check-reasons.sh"
+# The README's benchmark figures are exactly those of the report in docs/benchmarks.md.
+phase "check figures" "$repo_root/scripts/bench-publish.py" --check
 phase "cargo clippy" cargo clippy --all-targets -- -D warnings
 # The release binary the image is built from (tests/image.rs), built once here
 # so that its time shows in the timings; the test's own build is then a no-op.

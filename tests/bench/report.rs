@@ -628,7 +628,7 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
         }
     }
 
-    let _ = writeln!(md, "\n## Done-when checks\n");
+    let _ = writeln!(md, "\n## Threshold checks\n");
     let _ = writeln!(
         md,
         "| check | measured | threshold | result |\n|---|---|---|---|"

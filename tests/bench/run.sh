@@ -75,3 +75,5 @@ if [ "${BENCH_ROLLOUT:-1}" != 0 ]; then
   fi
   echo "bench: rolling updates finished in $(( $(date +%s) - t0 )) s" >&2
 fi
+
+echo "bench: report in $target/bench-report.md; scripts/bench-publish.py makes it the one the documents quote (docs/benchmarks.md, the README's table)" >&2
