@@ -456,7 +456,7 @@ mod tests {
         driver.stop_workers(workers).await;
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_workers_attach_an_added_va_once_and_detach_it_once_deleted() {
         let api = FakeApi::default();
         let mut caches = TestStores::new();
@@ -476,8 +476,18 @@ mod tests {
         eventually("the attach", attached).await;
         let stored: VolumeAttachment = api.get(None, "va").expect("the VA");
         caches.apply_va(&stored);
+        let syncs = || {
+            hub.shared
+                .metrics
+                .queue_work_duration
+                .with_label_values(&[driver.attach_queue.name(), DRIVER])
+                .get_sample_count()
+        };
+        let before = syncs();
         driver.on_va(Some(&lean_va(&added)), &lean_va(&stored));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The update is synced (the fakes answer in memory, so the paused clock moves only once
+        // every worker waits), and that sync publishes nothing more.
+        eventually("the update's sync", || syncs() > before).await;
         assert_eq!(csi.calls_of("ControllerPublishVolume").len(), 1);
         let e2e = |h: &prometheus::HistogramVec| h.with_label_values(&[DRIVER]).get_sample_count();
         assert_eq!(
