@@ -723,15 +723,12 @@ mod tests {
                 "    l{i}: &l{i} [*l{p},*l{p},*l{p},*l{p},*l{p},*l{p},*l{p},*l{p},*l{p},*l{p}]\n"
             ));
         }
-        let started = std::time::Instant::now();
         let e = parse_err(&bomb);
         assert!(e.starts_with("drivers.yaml:"), "{e}");
         assert!(e.contains("YAML document too large or too complex"), "{e}");
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
+        // It stops where the replayed events pass the budget: in the fourth level (line 7),
+        // after ten thousand of them, not after the ten billion the document asks for.
+        assert!(e.starts_with("drivers.yaml:7:"), "{e}");
 
         let deep = format!("drivers: {}{}\n", "[".repeat(17), "]".repeat(17));
         let e = parse_err(&deep);
