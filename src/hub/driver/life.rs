@@ -300,49 +300,66 @@ impl Driver {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
     use crate::hub::driver::rig::{self, Rig};
 
     /// A socket that accepts every connection and closes it at once (a driver crash-looping
     /// behind a socket that stays): the driver reconnects after growing pauses (1 s, 2 s, ...),
     /// never in a hot loop.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_socket_that_drops_every_connection_is_retried_after_growing_pauses() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("csi.sock");
         let listener = tokio::net::UnixListener::bind(&path).expect("bind");
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counter = accepted.clone();
+        // When each connection was accepted, on the paused clock.
+        let accepted = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let stamps = accepted.clone();
         // Each connection: read the client's HTTP/2 preface, answer with an empty SETTINGS
         // frame (so the client's handshake succeeds), then close.
         let server = AbortOnDropHandle::new(tokio::spawn(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             while let Ok((mut stream, _)) = listener.accept().await {
-                counter.fetch_add(1, Ordering::SeqCst);
+                stamps.lock().push(tokio::time::Instant::now());
                 let mut preface = [0u8; 24];
                 let _ = stream.read_exact(&mut preface).await;
                 let _ = stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await;
                 drop(stream);
             }
         }));
+        // The clock must not jump to the next timer while a connection is under way (the
+        // socket's I/O is real): a blocking task holds it still, and the test moves it by hand.
+        let (hold, held) = std::sync::mpsc::channel::<()>();
+        let still = tokio::task::spawn_blocking(move || held.recv());
         let mut settings = rig::settings(false);
         settings.address = path.to_str().expect("UTF-8").parse().expect("a path");
         let rig = Rig::with(settings);
         let stop = CancellationToken::new();
+        let start = tokio::time::Instant::now();
         let life = tokio::spawn(rig.driver.clone().run(rig.hub.shared.clone(), stop.clone()));
-        // Lives start at about 0 s, 1 s and 3 s: two within 2.5 s (each may dial a few times:
-        // the channel re-dials on its own), where reconnecting at once made hundreds.
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        // 3.5 s in 100 ms steps; at each, the driver runs as far as it can without the clock
+        // (whatever it has to do on the socket) before the clock moves on.
+        for _ in 0..35 {
+            for _ in 0..500 {
+                tokio::task::yield_now().await;
+            }
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
         stop.cancel();
+        drop(hold);
+        still.await.expect("the clock's hold ends").ok();
         life.await.expect("the driver's life ends on stop");
         drop(server);
-        let n = accepted.load(Ordering::SeqCst);
-        assert!(
-            (1..=10).contains(&n),
-            "{n} connections in 2.5 s: reconnected without a pause"
+        let at: Vec<Duration> = accepted.lock().iter().map(|t| *t - start).collect();
+        // Lives start at 0 s, 1 s and 3 s (each may dial more than once: the channel re-dials
+        // on its own); reconnecting at once made hundreds in the first second.
+        let mut lives = at.clone();
+        lives.dedup();
+        assert_eq!(
+            lives,
+            [0, 1, 3].map(Duration::from_secs),
+            "connections at {at:?}"
         );
+        assert!(at.len() <= 10, "connections at {at:?}");
         assert_eq!(rig.driver.state(), State::Stopped);
     }
 
