@@ -63,6 +63,8 @@ phase "cargo fmt --check" cargo fmt --all -- --check
 phase "check reasons" "$repo_root/scripts/check-reasons.sh"
 # The README's benchmark figures are exactly those of the report in docs/benchmarks.md.
 phase "check figures" "$repo_root/scripts/bench-publish.py" --check
+# The uses between top modules are those src/lib.rs lists (scripts/check-layers.sh names any other).
+phase "check layers" "$repo_root/scripts/check-layers.sh"
 phase "cargo clippy" cargo clippy --all-targets -- -D warnings
 # The release binary the image is built from (tests/image.rs), built once here
 # so that its time shows in the timings; the test's own build is then a no-op.

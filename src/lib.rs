@@ -30,16 +30,44 @@
 //! subcommand, a client of `/drivers`. The project's mock CSI driver is the
 //! workspace member `crates/mock-csi-driver`, used by the tests only.
 //!
-//! Layers, each using only those below it (no module cycle):
+//! Layers, from the top; a module uses only modules of the layers below it, except for one
+//! cycle: `metrics` reads the Lease guard's view ([`leader::guard`]) for its gauges, `leader`'s
+//! elector spends the driver's API budget ([`k8s::budget`]), and `k8s` reports into `metrics`.
 //!
 //! ```text
-//!  app ─▶ hub ─▶ hub::driver ─▶ controller ─▶ csi, k8s ─▶ metrics ─▶ names
-//!   │      └──▶ config ─▶ cli ─▶ leader ─▶ names, random, telemetry, api_error
-//!   └──▶ status (subcommand) ─▶ cli::values, k8s::client, telemetry, api_error
+//!  app
+//!  hub, status (the subcommand)
+//!  config
+//!  controller
+//!  cli
+//!  leader ◀───┐
+//!  csi, k8s   │ the one use upward
+//!  metrics ───┘
+//!  telemetry, http, queue
+//!  names, random, api_error
 //! ```
 //!
-//! `names`, `random` and `api_error` are leaves, `telemetry` uses only `api_error` (errors
-//! on one line); `queue` and `http` use no other module of the crate.
+//! Uses between top modules, module: the modules it uses (`scripts/check-layers.sh` checks
+//! them against the `crate::` paths of the code, tests left out; `make test` runs it):
+//!
+//! ```text
+//! app: cli, config, csi, hub, leader, status, telemetry
+//! hub: api_error, config, controller, csi, http, k8s, leader, metrics, names, queue, random, telemetry
+//! status: api_error, cli, k8s
+//! config: cli, csi, k8s, leader, names
+//! controller: csi, k8s, names
+//! cli: leader, telemetry
+//! leader: api_error, k8s, names, random, telemetry
+//! csi: metrics, telemetry
+//! k8s: api_error, metrics, names, random, telemetry
+//! metrics: leader, names
+//! telemetry: api_error
+//! http: -
+//! queue: -
+//! names: -
+//! random: -
+//! api_error: -
+//! ```
 
 pub mod api_error;
 pub mod app;

@@ -10,8 +10,10 @@
 //! * [`budget`] — client-side request budgets (per driver, and the optional hub cap);
 //! * [`pushback`] — the API server's pushback (429, `Retry-After`) waited out as client-go does.
 //!
-//! It uses only [`crate::names`], [`crate::random`], and the [`Observer`](crate::metrics::Observer)
-//! and [`ConnectionMetrics`](crate::metrics::ConnectionMetrics) of [`crate::metrics`].
+//! It uses only [`crate::names`], [`crate::random`], [`crate::telemetry`] (log throttling),
+//! [`crate::api_error`], and what [`crate::metrics`] has for it to report into (the
+//! [`Observer`](crate::metrics::Observer), [`Limiter`](crate::metrics::Limiter) and
+//! [`ConnectionMetrics`](crate::metrics::ConnectionMetrics)).
 
 pub mod budget;
 pub mod client;
