@@ -45,7 +45,7 @@ use crate::{
 use balance_loop::balance_leases;
 use context::Context;
 use dispatch::Dispatch;
-use driver::{context::Shared, guard::panic_message};
+use driver::{context::Shared, panic_guard::panic_message};
 use status::HubStatus;
 use supervisor::Supervisor;
 

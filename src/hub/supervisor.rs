@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::{
     context::Context,
     discovery::{self, Discovery, Found},
-    driver::{Driver, Origin, State, guard::guarded},
+    driver::{Driver, Origin, State, panic_guard::guarded},
 };
 use crate::config::{self, NamedSettings, Settings};
 

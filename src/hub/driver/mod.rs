@@ -5,12 +5,13 @@
 //! The parts: this module holds the slot ([`Driver`]: its state, its queues, the events the
 //! router delivers); [`context`] what every driver shares; `life` the connect-probe-register
 //! cycle; `term` one election term; `workers` the workers and the reconciler; `key_locks` the
-//! per-key exclusion between the attach and the detach pool.
+//! per-key exclusion between the attach and the detach pool; [`panic_guard`] a panic in a sync
+//! or a task turned into an error with its message.
 
 pub mod context;
-pub mod guard;
 mod key_locks;
 mod life;
+pub mod panic_guard;
 #[cfg(test)]
 mod rig;
 mod term;

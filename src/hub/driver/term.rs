@@ -301,7 +301,7 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
-    use crate::hub::driver::guard::guarded;
+    use crate::hub::driver::panic_guard::guarded;
     use crate::hub::driver::rig::{DRIVER, LEASE, RETRY, Rig, for_a_while, until};
 
     /// One term of the rig's driver, without a Lease guard.

@@ -8,7 +8,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Driver, Kind, context::Shared, guard::guarded};
+use super::{Driver, Kind, context::Shared, panic_guard::guarded};
 use crate::{
     controller::{Handler, Synced},
     queue::Queue,
@@ -90,7 +90,7 @@ impl Driver {
                 // One object's panic (a bug) stays with it: the others are still queued.
                 let guarded = |what: &str, key: Option<&str>, f: &dyn Fn()| {
                     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-                        let panic = super::guard::panic_message(&*panic);
+                        let panic = super::panic_guard::panic_message(&*panic);
                         tracing::error!(key = key.unwrap_or(""), %panic, "queuing a {what} after the start of a term panicked");
                         shared2.metrics.count_panic(&name, "initial-sync");
                     }
