@@ -346,6 +346,39 @@ fn machine() -> String {
     format!("{cores} cores{mem}")
 }
 
+/// The reference attacher's, kube-apiserver's and etcd's versions as their binaries print them
+/// (a `TESTBINS_PROFILE` run uses another release's), e.g. `external-attacher v4.13.0 ·
+/// kube-apiserver v1.37.2 + etcd v3.7.3`.
+fn tool_versions(testbins: &Path) -> String {
+    let version = |tool: &str, pick: fn(&str) -> Option<String>| {
+        std::process::Command::new(testbins.join(tool))
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| pick(&String::from_utf8_lossy(&o.stdout)))
+            .unwrap_or_else(|| "(version unknown)".to_string())
+    };
+    // `<path> v4.13.0`, `Kubernetes v1.37.2`, `etcd Version: 3.7.3`.
+    let last_word = |out: &str| {
+        out.lines()
+            .next()?
+            .split_whitespace()
+            .last()
+            .map(str::to_owned)
+    };
+    let etcd = |out: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix("etcd Version:"))
+            .map(|v| format!("v{}", v.trim()))
+    };
+    format!(
+        "external-attacher {} · kube-apiserver {} + etcd {}",
+        version("csi-attacher", last_word),
+        version("kube-apiserver", last_word),
+        version("etcd", etcd)
+    )
+}
+
 fn hub_version() -> String {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::process::Command::new("git")
@@ -507,6 +540,7 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
         date: utc_now(),
         machine: machine(),
         hub_version: hub_version(),
+        versions: tool_versions(&cluster.testbins),
         hub_has_cap,
         repeats: knobs.repeats,
         drivers: knobs.drivers,
@@ -622,6 +656,7 @@ fn thresholds_pass_and_fail_on_the_right_side() {
         date: String::new(),
         machine: String::new(),
         hub_version: String::new(),
+        versions: String::new(),
         hub_has_cap: true,
         repeats: 1,
         drivers: 10,

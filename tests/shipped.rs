@@ -1050,7 +1050,7 @@ async fn rolling_update_benchmark() {
         runs.entry("sidecar overlay, attacher-hub")
             .or_default()
             .push(hub);
-        runs.entry("sidecar overlay, Go external-attacher v4.13.0")
+        runs.entry("sidecar overlay, Go external-attacher")
             .or_default()
             .push(go);
     }

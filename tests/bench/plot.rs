@@ -183,7 +183,7 @@ pub(crate) fn svg(r: &ScaleResults) -> Option<String> {
     // Legend.
     let _ = writeln!(
         out,
-        r#"<circle cx="20" cy="15" r="4" fill="{FLEET_COLOUR}"/><text x="28" y="19">Go external-attacher v4.13.0 (one per driver)</text><circle cx="320" cy="15" r="4" fill="{HUB_COLOUR}"/><text x="328" y="19">attacher-hub (one process)</text>"#
+        r#"<circle cx="20" cy="15" r="4" fill="{FLEET_COLOUR}"/><text x="28" y="19">Go external-attacher (one per driver)</text><circle cx="320" cy="15" r="4" fill="{HUB_COLOUR}"/><text x="328" y="19">attacher-hub (one process)</text>"#
     );
     for (i, p) in panels.iter().enumerate() {
         let x0 = (i % COLUMNS) as f64 * PANEL_W;

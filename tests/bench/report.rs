@@ -184,6 +184,9 @@ pub(crate) struct Context {
     pub(crate) date: String,
     pub(crate) machine: String,
     pub(crate) hub_version: String,
+    /// The reference and the control plane as their binaries report themselves
+    /// (`external-attacher vX · kube-apiserver vY + etcd vZ`).
+    pub(crate) versions: String,
     pub(crate) hub_has_cap: bool,
     pub(crate) repeats: usize,
     pub(crate) drivers: usize,
@@ -439,13 +442,14 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
     );
     let _ = writeln!(
         md,
-        "{} · {} · attacher-hub {} · external-attacher v4.13.0 · kube-apiserver v1.37.2 + etcd v3.7.3 on loopback, \
+        "{} · {} · attacher-hub {} · {} on loopback, \
          fresh for this run · the project's Rust mock CSI driver, one process per driver socket · \
          {} drivers · medians of {} runs per contender, contenders interleaved (the order alternates) · \
          whole run {:.1} min\n",
         ctx.date,
         ctx.machine,
         ctx.hub_version,
+        ctx.versions,
         ctx.drivers,
         ctx.repeats,
         ctx.duration.as_secs_f64() / 60.0

@@ -63,7 +63,8 @@ const CONNECTION_SAMPLE_PERIOD: Duration = Duration::from_millis(250);
 /// Who serves the drivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Contender {
-    /// One external-attacher v4.13.0 process per driver.
+    /// One Go external-attacher process per driver (the test tools' build; the report's first
+    /// line names its version).
     Fleet,
     /// One attacher-hub process for all drivers (hub mode, `--config`).
     Hub,
@@ -81,7 +82,7 @@ impl Contender {
     /// Row label in the report.
     pub(crate) fn label(self, drivers: usize) -> String {
         match self {
-            Contender::Fleet => format!("{drivers} × external-attacher v4.13.0"),
+            Contender::Fleet => format!("{drivers} × external-attacher"),
             Contender::Hub => format!("attacher-hub, {drivers} drivers"),
         }
     }
