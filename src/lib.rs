@@ -44,7 +44,7 @@
 //!  csi, k8s   │ the one use upward
 //!  metrics ───┘
 //!  telemetry, http, queue
-//!  names, random, api_error
+//!  names, random, api_error, backoff
 //! ```
 //!
 //! Uses between top modules, module: the modules it uses (`scripts/check-layers.sh` checks
@@ -67,10 +67,12 @@
 //! names: -
 //! random: -
 //! api_error: -
+//! backoff: -
 //! ```
 
 pub mod api_error;
 pub mod app;
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod controller;
