@@ -459,6 +459,62 @@ mod tests {
     }
 
     #[test]
+    fn go_durations_at_the_edges_parse_and_fail_like_go() {
+        // Vectors checked against Go 1.26's time.ParseDuration, with its error texts.
+        let vectors: [(&str, Result<i64, &str>); 27] = [
+            ("9223372036854775807ns", Ok(i64::MAX)),
+            (
+                "9223372036854775808ns",
+                Err(r#"time: invalid duration "9223372036854775808ns""#),
+            ),
+            ("-9223372036854775808ns", Ok(i64::MIN)),
+            ("2562047h47m16.854775807s", Ok(i64::MAX)),
+            (
+                "2562047h47m16.854775808s",
+                Err(r#"time: invalid duration "2562047h47m16.854775808s""#),
+            ),
+            ("-2562047h47m16.854775808s", Ok(i64::MIN)),
+            (".", Err(r#"time: invalid duration ".""#)),
+            ("1.", Err(r#"time: missing unit in duration "1.""#)),
+            ("+", Err(r#"time: invalid duration "+""#)),
+            ("+.5s", Ok(500000000)),
+            ("1.5.5s", Err(r#"time: missing unit in duration "1.5.5s""#)),
+            ("0.0000000001s", Ok(0)),
+            ("1.9999999999999999999999h", Ok(7200000000000)),
+            ("0x", Err(r#"time: unknown unit "x" in duration "0x""#)),
+            (
+                "1h-1m",
+                Err(r#"time: unknown unit "h-" in duration "1h-1m""#),
+            ),
+            ("00001s", Ok(1000000000)),
+            (
+                "9223372036854775809ns",
+                Err(r#"time: invalid duration "9223372036854775809ns""#),
+            ),
+            (
+                "18446744073709551616ns",
+                Err(r#"time: invalid duration "18446744073709551616ns""#),
+            ),
+            ("1.5h30m", Ok(7200000000000)),
+            ("3m0.5s", Ok(180500000000)),
+            ("-0s", Ok(0)),
+            ("0s", Ok(0)),
+            ("1e3s", Err(r#"time: unknown unit "e" in duration "1e3s""#)),
+            (
+                "100000000000000000000ns",
+                Err(r#"time: invalid duration "100000000000000000000ns""#),
+            ),
+            ("1s1", Err(r#"time: missing unit in duration "1s1""#)),
+            ("1sx", Err(r#"time: unknown unit "sx" in duration "1sx""#)),
+            ("1ms.5s", Ok(501000000)),
+        ];
+        for (text, want) in vectors {
+            let got = parse_go_duration(text).map_err(|e| e.to_string());
+            assert_eq!(got, want.map_err(str::to_owned), "{text}");
+        }
+    }
+
+    #[test]
     fn go_duration_display_matches_go() {
         for (d, text) in [
             (Duration::ZERO, "0s"),

@@ -459,4 +459,154 @@ mod tests {
         assert_eq!(quote("\u{a0}\u{85}".as_bytes()), r#""\u00a0\u0085""#);
         assert_eq!(quote(b"%\xe6"), r#""%\xe6""#);
     }
+
+    #[test]
+    fn addresses_parse_like_netip_parse_addr() {
+        // Vectors checked against Go 1.26's netip.ParseAddr: `None` parses, else its error.
+        for (text, error) in [
+            ("::", None),
+            ("::1", None),
+            ("1::", None),
+            ("1:2:3:4:5:6:7:8", None),
+            (
+                "1:2:3:4:5:6:7",
+                Some(r#"ParseAddr("1:2:3:4:5:6:7"): address string too short"#),
+            ),
+            (
+                "1:2:3:4:5:6:7:8:9",
+                Some(r#"ParseAddr("1:2:3:4:5:6:7:8:9"): trailing garbage after address (at "9")"#),
+            ),
+            ("1::8", None),
+            ("::ffff:1.2.3.4", None),
+            ("1:2:3:4:5:6:1.2.3.4", None),
+            (
+                "1:2:3:4:5:1.2.3.4",
+                Some(
+                    r#"ParseAddr("1:2:3:4:5:1.2.3.4"): embedded IPv4 address must replace the final 2 fields of the address (at "1.2.3.4")"#,
+                ),
+            ),
+            (
+                "1:2:3:4:5:6:7:1.2.3.4",
+                Some(
+                    r#"ParseAddr("1:2:3:4:5:6:7:1.2.3.4"): embedded IPv4 address must replace the final 2 fields of the address (at "1.2.3.4")"#,
+                ),
+            ),
+            (
+                "::1.2.3.4.5",
+                Some(r#"ParseAddr("::1.2.3.4.5"): IPv4 address too long"#),
+            ),
+            (
+                "::1.2.3",
+                Some(r#"ParseAddr("::1.2.3"): IPv4 address too short"#),
+            ),
+            (
+                "::01.2.3.4",
+                Some(r#"ParseAddr("::01.2.3.4"): IPv4 field has octet with leading zero"#),
+            ),
+            ("fe80::1%eth0", None),
+            (
+                "fe80::1%",
+                Some(r#"ParseAddr("fe80::1%"): zone must be a non-empty string"#),
+            ),
+            (
+                "12345::",
+                Some(
+                    r#"ParseAddr("12345::"): each group must have 4 or less digits (at "12345::")"#,
+                ),
+            ),
+            ("1:2:3:4:5:6:7::", None),
+            (
+                "1:2:3:4:5:6:7:8::",
+                Some(
+                    r#"ParseAddr("1:2:3:4:5:6:7:8::"): the :: must expand to at least one field of zeros"#,
+                ),
+            ),
+            (
+                "::1:2:3:4:5:6:7:8",
+                Some(
+                    r#"ParseAddr("::1:2:3:4:5:6:7:8"): the :: must expand to at least one field of zeros"#,
+                ),
+            ),
+            (
+                "1::2::3",
+                Some(r#"ParseAddr("1::2::3"): multiple :: in address (at ":3")"#),
+            ),
+            (
+                "1:",
+                Some(r#"ParseAddr("1:"): colon must be followed by more characters (at ":")"#),
+            ),
+            (
+                "1:::2",
+                Some(
+                    r#"ParseAddr("1:::2"): each colon-separated field must have at least one digit (at ":2")"#,
+                ),
+            ),
+            (
+                ":1",
+                Some(
+                    r#"ParseAddr(":1"): each colon-separated field must have at least one digit (at ":1")"#,
+                ),
+            ),
+            ("1:2:3:4:5:6:7:8%z", None),
+            (
+                "::g",
+                Some(
+                    r#"ParseAddr("::g"): each colon-separated field must have at least one digit (at "g")"#,
+                ),
+            ),
+            (
+                "1:2:3:4:5:6:7:8x",
+                Some(r#"ParseAddr("1:2:3:4:5:6:7:8x"): unexpected character, want colon (at "x")"#),
+            ),
+            ("0000:0:0:0:0:0:0:1", None),
+            (
+                "00000::1",
+                Some(
+                    r#"ParseAddr("00000::1"): each group must have 4 or less digits (at "00000::1")"#,
+                ),
+            ),
+            (
+                "fffff::",
+                Some(
+                    r#"ParseAddr("fffff::"): each group must have 4 or less digits (at "fffff::")"#,
+                ),
+            ),
+            (
+                "1:2:3:4:5:6::1.2.3.4",
+                Some(
+                    r#"ParseAddr("1:2:3:4:5:6::1.2.3.4"): the :: must expand to at least one field of zeros"#,
+                ),
+            ),
+            (
+                "1:2:3:4:5:6:7::1.2.3.4",
+                Some(
+                    r#"ParseAddr("1:2:3:4:5:6:7::1.2.3.4"): too many hex fields to fit an embedded IPv4 at the end of the address (at "1.2.3.4")"#,
+                ),
+            ),
+            ("::1.2.3.4%z", None),
+            (
+                "::1.2..4",
+                Some(r#"ParseAddr("::1.2..4"): IPv4 field must have at least one digit (at ".4")"#),
+            ),
+            (
+                "::256.1.1.1",
+                Some(r#"ParseAddr("::256.1.1.1"): IPv4 field has value >255"#),
+            ),
+            (
+                "1.2.3.4:1",
+                Some(r#"ParseAddr("1.2.3.4:1"): unexpected character (at ":1")"#),
+            ),
+            (
+                ":",
+                Some(
+                    r#"ParseAddr(":"): each colon-separated field must have at least one digit (at ":")"#,
+                ),
+            ),
+            ("1::%z", None),
+            ("a:b", Some(r#"ParseAddr("a:b"): address string too short"#)),
+        ] {
+            let got = netip_parse(text.as_bytes()).map(|_| ()).err();
+            assert_eq!(got.as_deref(), error, "{text}");
+        }
+    }
 }
