@@ -6,7 +6,10 @@ use std::{collections::HashMap, sync::Arc};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use parking_lot::Mutex;
-use prometheus::{HistogramOpts, HistogramVec, Registry};
+use prometheus::core::Collector;
+use prometheus::{
+    CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
+};
 
 use super::api::{ApiObserver, Observer};
 use super::series::remove_driver_series;
@@ -103,185 +106,266 @@ pub const API_BUDGET_WAIT_BUCKETS: [f64; 14] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-impl HubMetrics {
-    /// Creates the series and registers them on `registry`.
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        use prometheus::{GaugeVec, IntCounterVec, Opts};
-        let pool = &["name", "driver_name", "pool"];
-        let this = Self {
-            queue_depth: GaugeVec::new(
-                Opts::new("workqueue_depth", "Current depth of workqueue"),
-                pool,
+/// Labels of the queue gauges: the queue, its driver and the worker pool.
+const POOL_LABELS: &[&str] = &["name", "driver_name", "pool"];
+/// Labels of the other queue series and of the Lease's leadership.
+const NAMED_LABELS: &[&str] = &["name", "driver_name"];
+/// Labels of a series that is the driver's alone.
+const DRIVER_LABELS: &[&str] = &["driver_name"];
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+    GaugeVec::new(Opts::new(name, help), labels)
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
+fn histogram(
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+    labels: &[&str],
+) -> prometheus::Result<HistogramVec> {
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+}
+
+/// The work queues' series, under client-go's names.
+struct QueueSeries {
+    depth: GaugeVec,
+    oldest_age: GaugeVec,
+    longest_running: GaugeVec,
+    retries: IntCounterVec,
+    work_duration: HistogramVec,
+    wait_duration: HistogramVec,
+    adds: IntCounterVec,
+}
+
+impl QueueSeries {
+    fn new() -> prometheus::Result<Self> {
+        Ok(Self {
+            depth: gauge("workqueue_depth", "Current depth of workqueue", POOL_LABELS)?,
+            oldest_age: gauge(
+                "workqueue_oldest_item_age_seconds",
+                "How long the oldest key has been waiting in the workqueue",
+                POOL_LABELS,
             )?,
-            queue_oldest_age: GaugeVec::new(
-                Opts::new(
-                    "workqueue_oldest_item_age_seconds",
-                    "How long the oldest key has been waiting in the workqueue",
-                ),
-                pool,
+            longest_running: gauge(
+                "workqueue_longest_running_processor_seconds",
+                "How many seconds has the longest running processor for workqueue been running.",
+                POOL_LABELS,
             )?,
-            queue_longest_running: GaugeVec::new(
-                Opts::new(
-                    "workqueue_longest_running_processor_seconds",
-                    "How many seconds has the longest running processor for workqueue been running.",
-                ),
-                pool,
+            retries: counter(
+                "workqueue_retries_total",
+                "Total number of retries handled by workqueue",
+                NAMED_LABELS,
             )?,
-            queue_retries: IntCounterVec::new(
-                Opts::new(
-                    "workqueue_retries_total",
-                    "Total number of retries handled by workqueue",
-                ),
-                &["name", "driver_name"],
+            work_duration: histogram(
+                "workqueue_work_duration_seconds",
+                "How long in seconds processing an item from workqueue takes.",
+                workqueue_buckets(),
+                NAMED_LABELS,
             )?,
-            queue_work_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "workqueue_work_duration_seconds",
-                    "How long in seconds processing an item from workqueue takes.",
-                )
-                .buckets(workqueue_buckets()),
-                &["name", "driver_name"],
+            wait_duration: histogram(
+                "workqueue_queue_duration_seconds",
+                "How long in seconds an item stays in workqueue before being requested.",
+                workqueue_buckets(),
+                NAMED_LABELS,
             )?,
-            queue_wait_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "workqueue_queue_duration_seconds",
-                    "How long in seconds an item stays in workqueue before being requested.",
-                )
-                .buckets(workqueue_buckets()),
-                &["name", "driver_name"],
+            adds: counter(
+                "workqueue_adds_total",
+                "Total number of adds handled by workqueue",
+                NAMED_LABELS,
             )?,
-            queue_adds: IntCounterVec::new(
-                Opts::new(
-                    "workqueue_adds_total",
-                    "Total number of adds handled by workqueue",
-                ),
-                &["name", "driver_name"],
+        })
+    }
+}
+
+/// A driver's leadership, health, caught panics and end-to-end latency.
+struct DriverSeries {
+    leader: GaugeVec,
+    up: GaugeVec,
+    panics: IntCounterVec,
+    attach_e2e: HistogramVec,
+    detach_e2e: HistogramVec,
+}
+
+impl DriverSeries {
+    fn new() -> prometheus::Result<Self> {
+        Ok(Self {
+            leader: gauge(
+                "leader_election_master_status",
+                "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
+                NAMED_LABELS,
             )?,
-            leader: GaugeVec::new(
-                Opts::new(
-                    "leader_election_master_status",
-                    "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
-                ),
-                &["name", "driver_name"],
+            up: gauge(
+                "attacher_hub_driver_up",
+                "1 if the CSI driver is connected and ready, else 0",
+                DRIVER_LABELS,
             )?,
-            driver_up: GaugeVec::new(
-                Opts::new(
-                    "attacher_hub_driver_up",
-                    "1 if the CSI driver is connected and ready, else 0",
-                ),
-                &["driver_name"],
-            )?,
-            panics: IntCounterVec::new(
-                Opts::new(
-                    "attacher_hub_task_panics_total",
-                    "Panics caught in a driver's tasks; each one is a bug worth reporting",
-                ),
+            panics: counter(
+                "attacher_hub_task_panics_total",
+                "Panics caught in a driver's tasks; each one is a bug worth reporting",
                 &["driver_name", "task"],
             )?,
-            attach_e2e: HistogramVec::new(
-                HistogramOpts::new(
-                    "attacher_hub_attach_duration_seconds",
-                    "Time from VolumeAttachment creation to attached=true",
-                )
-                .buckets(END_TO_END_BUCKETS.to_vec()),
-                &["driver_name"],
+            attach_e2e: histogram(
+                "attacher_hub_attach_duration_seconds",
+                "Time from VolumeAttachment creation to attached=true",
+                END_TO_END_BUCKETS.to_vec(),
+                DRIVER_LABELS,
             )?,
-            detach_e2e: HistogramVec::new(
-                HistogramOpts::new(
-                    "attacher_hub_detach_duration_seconds",
-                    "Time from VolumeAttachment deletion to detached",
-                )
-                .buckets(END_TO_END_BUCKETS.to_vec()),
-                &["driver_name"],
+            detach_e2e: histogram(
+                "attacher_hub_detach_duration_seconds",
+                "Time from VolumeAttachment deletion to detached",
+                END_TO_END_BUCKETS.to_vec(),
+                DRIVER_LABELS,
             )?,
-            api_budget_wait: HistogramVec::new(
-                HistogramOpts::new(
-                    "attacher_hub_api_budget_wait_seconds",
-                    "Time an API request of the driver waited for API budget (the driver's own, then the hub's cap)",
-                )
-                .buckets(API_BUDGET_WAIT_BUCKETS.to_vec()),
-                &["driver_name"],
+        })
+    }
+}
+
+/// A driver's API budget and the API server's answers to its requests.
+struct ApiSeries {
+    budget_wait: HistogramVec,
+    throttled: IntCounterVec,
+    budget_qps: GaugeVec,
+    requests: IntCounterVec,
+    too_many_requests: IntCounterVec,
+    retry_after_wait: CounterVec,
+}
+
+impl ApiSeries {
+    fn new() -> prometheus::Result<Self> {
+        Ok(Self {
+            budget_wait: histogram(
+                "attacher_hub_api_budget_wait_seconds",
+                "Time an API request of the driver waited for API budget (the driver's own, then the hub's cap)",
+                API_BUDGET_WAIT_BUCKETS.to_vec(),
+                DRIVER_LABELS,
             )?,
-            api_throttled: IntCounterVec::new(
-                Opts::new(
-                    "attacher_hub_api_throttled_requests_total",
-                    "API requests of the driver that had to wait for budget, by the limit that held them (driver or hub)",
-                ),
+            throttled: counter(
+                "attacher_hub_api_throttled_requests_total",
+                "API requests of the driver that had to wait for budget, by the limit that held them (driver or hub)",
                 &["driver_name", "limiter"],
             )?,
-            api_budget_qps: GaugeVec::new(
-                Opts::new(
-                    "attacher_hub_api_budget_qps",
-                    "The driver's own API budget in requests per second (absent: no limit)",
-                ),
-                &["driver_name"],
+            budget_qps: gauge(
+                "attacher_hub_api_budget_qps",
+                "The driver's own API budget in requests per second (absent: no limit)",
+                DRIVER_LABELS,
             )?,
-            api_requests: IntCounterVec::new(
-                Opts::new(
-                    "attacher_hub_api_requests_total",
-                    "API requests made for the driver, by verb, resource and HTTP status code (error: no answer)",
-                ),
+            requests: counter(
+                "attacher_hub_api_requests_total",
+                "API requests made for the driver, by verb, resource and HTTP status code (error: no answer)",
                 &["driver_name", "verb", "resource", "code"],
             )?,
-            api_too_many_requests: IntCounterVec::new(
-                Opts::new(
-                    "attacher_hub_api_too_many_requests_total",
-                    "Answers 429 Too Many Requests the API server gave the driver's requests (API Priority and Fairness turning them away)",
-                ),
-                &["driver_name"],
+            too_many_requests: counter(
+                "attacher_hub_api_too_many_requests_total",
+                "Answers 429 Too Many Requests the API server gave the driver's requests (API Priority and Fairness turning them away)",
+                DRIVER_LABELS,
             )?,
-            api_retry_after_wait: prometheus::CounterVec::new(
+            retry_after_wait: CounterVec::new(
                 Opts::new(
                     "attacher_hub_api_retry_after_wait_seconds_total",
                     "Seconds the driver's API requests waited because the API server asked them to (Retry-After)",
                 ),
-                &["driver_name"],
+                DRIVER_LABELS,
             )?,
-            lease_guard_blocked: GaugeVec::new(
-                Opts::new(
-                    "attacher_hub_lease_guard_blocked",
-                    "1 while another holder renews the driver's Lease in another namespace (labels lease_namespace, holder), so this replica does not lead the driver",
-                ),
+        })
+    }
+}
+
+/// Who keeps a driver's Lease, as the cross-namespace Lease guard and the elector see it.
+struct LeaseSeries {
+    guard_blocked: GaugeVec,
+    guard_available: GaugeVec,
+    held_by_other: GaugeVec,
+}
+
+impl LeaseSeries {
+    fn new() -> prometheus::Result<Self> {
+        Ok(Self {
+            guard_blocked: gauge(
+                "attacher_hub_lease_guard_blocked",
+                "1 while another holder renews the driver's Lease in another namespace (labels lease_namespace, holder), so this replica does not lead the driver",
                 &["driver_name", "lease_namespace", "holder"],
             )?,
-            lease_guard_available: GaugeVec::new(
-                Opts::new(
-                    "attacher_hub_lease_guard_available",
-                    "1 if the cross-namespace Lease guard can list Leases in all namespaces, 0 if not (it then does not guard)",
-                ),
-                &["driver_name"],
+            guard_available: gauge(
+                "attacher_hub_lease_guard_available",
+                "1 if the cross-namespace Lease guard can list Leases in all namespaces, 0 if not (it then does not guard)",
+                DRIVER_LABELS,
             )?,
-            lease_held_by_other: GaugeVec::new(
-                Opts::new(
-                    "attacher_hub_lease_held_by_other",
-                    "1 while this replica stands by because another holder renews the driver's Lease (its own, or one of the same name in another namespace); 0 while it leads or nobody renews the Lease",
-                ),
-                &["driver_name"],
+            held_by_other: gauge(
+                "attacher_hub_lease_held_by_other",
+                "1 while this replica stands by because another holder renews the driver's Lease (its own, or one of the same name in another namespace); 0 while it leads or nobody renews the Lease",
+                DRIVER_LABELS,
             )?,
+        })
+    }
+}
+
+impl HubMetrics {
+    /// Creates the series and registers them on `registry`: all of them are created before the
+    /// first is registered, then registered in the order of [`HubMetrics::collectors`].
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let queue = QueueSeries::new()?;
+        let driver = DriverSeries::new()?;
+        let api = ApiSeries::new()?;
+        let lease = LeaseSeries::new()?;
+        let this = Self {
+            queue_depth: queue.depth,
+            queue_oldest_age: queue.oldest_age,
+            queue_longest_running: queue.longest_running,
+            queue_retries: queue.retries,
+            queue_work_duration: queue.work_duration,
+            queue_wait_duration: queue.wait_duration,
+            queue_adds: queue.adds,
+            leader: driver.leader,
+            driver_up: driver.up,
+            panics: driver.panics,
+            attach_e2e: driver.attach_e2e,
+            detach_e2e: driver.detach_e2e,
+            api_budget_wait: api.budget_wait,
+            api_throttled: api.throttled,
+            api_budget_qps: api.budget_qps,
+            api_requests: api.requests,
+            api_too_many_requests: api.too_many_requests,
+            api_retry_after_wait: api.retry_after_wait,
+            lease_guard_blocked: lease.guard_blocked,
+            lease_guard_available: lease.guard_available,
+            lease_held_by_other: lease.held_by_other,
             guard_shown: Arc::default(),
         };
-        registry.register(Box::new(this.queue_depth.clone()))?;
-        registry.register(Box::new(this.queue_oldest_age.clone()))?;
-        registry.register(Box::new(this.queue_longest_running.clone()))?;
-        registry.register(Box::new(this.queue_retries.clone()))?;
-        registry.register(Box::new(this.queue_work_duration.clone()))?;
-        registry.register(Box::new(this.queue_wait_duration.clone()))?;
-        registry.register(Box::new(this.queue_adds.clone()))?;
-        registry.register(Box::new(this.leader.clone()))?;
-        registry.register(Box::new(this.driver_up.clone()))?;
-        registry.register(Box::new(this.panics.clone()))?;
-        registry.register(Box::new(this.attach_e2e.clone()))?;
-        registry.register(Box::new(this.detach_e2e.clone()))?;
-        registry.register(Box::new(this.api_budget_wait.clone()))?;
-        registry.register(Box::new(this.api_throttled.clone()))?;
-        registry.register(Box::new(this.api_budget_qps.clone()))?;
-        registry.register(Box::new(this.api_requests.clone()))?;
-        registry.register(Box::new(this.api_too_many_requests.clone()))?;
-        registry.register(Box::new(this.api_retry_after_wait.clone()))?;
-        registry.register(Box::new(this.lease_guard_blocked.clone()))?;
-        registry.register(Box::new(this.lease_guard_available.clone()))?;
-        registry.register(Box::new(this.lease_held_by_other.clone()))?;
+        for collector in this.collectors() {
+            registry.register(collector)?;
+        }
         Ok(this)
+    }
+
+    /// Every series family, in the order they are registered.
+    fn collectors(&self) -> [Box<dyn Collector>; 21] {
+        [
+            Box::new(self.queue_depth.clone()),
+            Box::new(self.queue_oldest_age.clone()),
+            Box::new(self.queue_longest_running.clone()),
+            Box::new(self.queue_retries.clone()),
+            Box::new(self.queue_work_duration.clone()),
+            Box::new(self.queue_wait_duration.clone()),
+            Box::new(self.queue_adds.clone()),
+            Box::new(self.leader.clone()),
+            Box::new(self.driver_up.clone()),
+            Box::new(self.panics.clone()),
+            Box::new(self.attach_e2e.clone()),
+            Box::new(self.detach_e2e.clone()),
+            Box::new(self.api_budget_wait.clone()),
+            Box::new(self.api_throttled.clone()),
+            Box::new(self.api_budget_qps.clone()),
+            Box::new(self.api_requests.clone()),
+            Box::new(self.api_too_many_requests.clone()),
+            Box::new(self.api_retry_after_wait.clone()),
+            Box::new(self.lease_guard_blocked.clone()),
+            Box::new(self.lease_guard_available.clone()),
+            Box::new(self.lease_held_by_other.clone()),
+        ]
     }
 
     /// Sets `leader_election_master_status` of a driver's Lease.
@@ -436,6 +520,48 @@ fn observe_since(h: &HistogramVec, driver: &str, since: Option<&Time>) {
 mod tests {
     use super::*;
     use crate::metrics::csi::{CsiOperations, tests::render};
+
+    #[test]
+    fn the_families_are_registered_queues_first_then_driver_api_and_lease() {
+        let registry = Registry::new();
+        let m = HubMetrics::register(&registry).unwrap();
+        let names: Vec<String> = m
+            .collectors()
+            .iter()
+            .map(|c| c.desc()[0].fq_name.clone())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "workqueue_depth",
+                "workqueue_oldest_item_age_seconds",
+                "workqueue_longest_running_processor_seconds",
+                "workqueue_retries_total",
+                "workqueue_work_duration_seconds",
+                "workqueue_queue_duration_seconds",
+                "workqueue_adds_total",
+                "leader_election_master_status",
+                "attacher_hub_driver_up",
+                "attacher_hub_task_panics_total",
+                "attacher_hub_attach_duration_seconds",
+                "attacher_hub_detach_duration_seconds",
+                "attacher_hub_api_budget_wait_seconds",
+                "attacher_hub_api_throttled_requests_total",
+                "attacher_hub_api_budget_qps",
+                "attacher_hub_api_requests_total",
+                "attacher_hub_api_too_many_requests_total",
+                "attacher_hub_api_retry_after_wait_seconds_total",
+                "attacher_hub_lease_guard_blocked",
+                "attacher_hub_lease_guard_available",
+                "attacher_hub_lease_held_by_other",
+            ]
+        );
+        // A second hub on the same registry is refused at its first family.
+        assert!(matches!(
+            HubMetrics::register(&registry),
+            Err(prometheus::Error::AlreadyReg)
+        ));
+    }
 
     #[test]
     fn end_to_end_latency_is_observed_from_creation_and_from_deletion() {
