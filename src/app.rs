@@ -1,7 +1,7 @@
 //! From a parsed command line to a running hub: the process edge, where
 //! errors become exit codes and signals become a shutdown token.
 
-use std::{sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
@@ -82,98 +82,124 @@ pub fn hub_config(args: Args) -> Result<hub::Config, Error> {
         exit_on_connection_loss: _,   // in `defaults`
         graceful_shutdown_timeout: _, // in `defaults`
     } = args;
-    let discovery = if driver_sockets.is_some() || kubelet_registration_dir.is_some() {
-        if let Some(pattern) = &driver_sockets {
-            glob::Pattern::new(pattern).map_err(|e| Error::Glob {
-                pattern: pattern.clone(),
-                message: e.to_string(),
-            })?;
-        }
-        let d = defaults.clone();
-        Some(hub::Discovery {
-            pattern: driver_sockets,
-            registration_dir: kubelet_registration_dir,
-            settings_for: Arc::new(move |address| d.settings_for(address)),
-        })
-    } else {
-        None
-    };
-    let (drivers, discovered, api_cap, source) = match config {
-        // Hub mode: the file is read and checked before anything else starts.
-        Some(path) => {
-            let with_discovery = discovery.is_some();
-            let config::Config {
-                drivers,
-                discovered,
-                hub_api_cap,
-            } = config::load(&path, &defaults, with_discovery)?;
-            let d = defaults.clone();
-            let load: hub::Loader = Arc::new(move |p: &std::path::Path| {
-                config::load(p, &d, with_discovery).map_err(|e| e.to_string())
-            });
-            (
-                drivers,
-                discovered,
-                hub_api_cap,
-                hub::Source::File {
-                    path,
-                    load,
-                    discover: discovery,
-                },
-            )
-        }
-        None => match discovery {
-            Some(d) => (
-                Vec::new(),
-                Vec::new(),
-                defaults.hub_api_cap(),
-                hub::Source::Discover(d),
-            ),
-            None => (
-                vec![defaults.settings_for(csi_address.parse::<Address>()?)],
-                Vec::new(),
-                defaults.hub_api_cap(),
-                hub::Source::Fixed,
-            ),
-        },
-    };
-
-    let http = match (http_endpoint, metrics_address) {
-        (Some(address), _) => Some(hub::HttpConfig {
-            address,
-            metrics_path: metrics_path.clone(),
-            leader_election_health: leader_election.enabled,
-        }),
-        (None, Some(address)) => Some(hub::HttpConfig {
-            address,
-            metrics_path: metrics_path.clone(),
-            leader_election_health: false,
-        }),
-        (None, None) => None,
-    };
-
-    // Hub mode with leader election: replicas share the drivers.
-    let balance = match (&source, leader_election.enabled) {
-        (hub::Source::Fixed, _) | (_, false) => None,
-        (_, true) => Some(hub::BalanceConfig {
+    let discovery = discovery(driver_sockets, kubelet_registration_dir, &defaults)?;
+    let (start, source) = driver_source(config, discovery, &csi_address, &defaults)?;
+    let http = http_config(
+        http_endpoint,
+        metrics_address,
+        metrics_path,
+        leader_election.enabled,
+    );
+    let balance = if balances(&source, leader_election.enabled) {
+        Some(hub::BalanceConfig {
             namespace: leader::resolve_namespace(leader_election.namespace.as_deref()),
             identity: leader::default_identity().map_err(Error::Identity)?,
             lease_duration: leader_election.lease_duration,
             retry_period: leader_election.retry_period,
-        }),
+        })
+    } else {
+        None
     };
-
     Ok(hub::Config {
         kubeconfig,
-        api_cap,
+        api_cap: start.hub_api_cap,
         resync,
         http,
-        drivers,
-        discovered,
+        drivers: start.drivers,
+        discovered: start.discovered,
         source,
         balance,
         max_grpc_log_length,
     })
+}
+
+/// Drivers found on the node (`--driver-sockets`, `--kubelet-registration-dir`), each with the
+/// flags' settings; `None` when neither flag is given. The glob is checked here, before
+/// anything starts.
+fn discovery(
+    pattern: Option<String>,
+    registration_dir: Option<PathBuf>,
+    defaults: &config::Defaults,
+) -> Result<Option<hub::Discovery>, Error> {
+    if pattern.is_none() && registration_dir.is_none() {
+        return Ok(None);
+    }
+    if let Some(pattern) = &pattern {
+        glob::Pattern::new(pattern).map_err(|e| Error::Glob {
+            pattern: pattern.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    let d = defaults.clone();
+    Ok(Some(hub::Discovery {
+        pattern,
+        registration_dir,
+        settings_for: Arc::new(move |address| d.settings_for(address)),
+    }))
+}
+
+/// The drivers at start-up (with the process-wide API cap) and how the list changes at run
+/// time: hub mode reads and checks `--config` before anything else starts, discovery alone
+/// starts empty, sidecar mode serves the one driver at `--csi-address`.
+fn driver_source(
+    file: Option<PathBuf>,
+    discovery: Option<hub::Discovery>,
+    csi_address: &str,
+    defaults: &config::Defaults,
+) -> Result<(config::Config, hub::Source), Error> {
+    let flags_only = |drivers: Vec<config::Settings>| config::Config {
+        drivers,
+        discovered: Vec::new(),
+        hub_api_cap: defaults.hub_api_cap(),
+    };
+    match (file, discovery) {
+        (Some(path), discover) => {
+            let with_discovery = discover.is_some();
+            let start = config::load(&path, defaults, with_discovery)?;
+            let d = defaults.clone();
+            let load: hub::Loader = Arc::new(move |p: &std::path::Path| {
+                config::load(p, &d, with_discovery).map_err(|e| e.to_string())
+            });
+            let source = hub::Source::File {
+                path,
+                load,
+                discover,
+            };
+            Ok((start, source))
+        }
+        (None, Some(d)) => Ok((flags_only(Vec::new()), hub::Source::Discover(d))),
+        (None, None) => {
+            let address = csi_address.parse::<Address>()?;
+            let driver = defaults.settings_for(address);
+            Ok((flags_only(vec![driver]), hub::Source::Fixed))
+        }
+    }
+}
+
+/// The diagnostics listener: `--http-endpoint` (with the leader-election health check when
+/// leader election is on), else the deprecated `--metrics-address` (metrics only), else none.
+fn http_config(
+    http_endpoint: Option<String>,
+    metrics_address: Option<String>,
+    metrics_path: String,
+    leader_election: bool,
+) -> Option<hub::HttpConfig> {
+    let (address, leader_election_health) = match (http_endpoint, metrics_address) {
+        (Some(address), _) => (address, leader_election),
+        (None, Some(address)) => (address, false),
+        (None, None) => return None,
+    };
+    Some(hub::HttpConfig {
+        address,
+        metrics_path,
+        leader_election_health,
+    })
+}
+
+/// Whether replicas share the drivers' Leases: in hub mode (a file or discovery) with leader
+/// election; one fixed driver has nothing to share.
+fn balances(source: &hub::Source, leader_election: bool) -> bool {
+    leader_election && !matches!(source, hub::Source::Fixed)
 }
 
 /// What a stop may take beyond the drain timeout: each driver's Lease release
@@ -339,6 +365,57 @@ mod tests {
         assert!(c.balance.is_some());
         let c = hub_config(args(&[&config])).expect("valid");
         assert!(c.balance.is_none());
+    }
+
+    #[test]
+    fn the_http_endpoint_wins_over_the_metrics_address_and_alone_serves_leader_health() {
+        let http = |endpoint: Option<&str>, metrics: Option<&str>, le: bool| {
+            http_config(
+                endpoint.map(str::to_owned),
+                metrics.map(str::to_owned),
+                "/m".to_owned(),
+                le,
+            )
+            .map(|h| (h.address, h.metrics_path, h.leader_election_health))
+        };
+        let served =
+            |address: &str, health: bool| Some((address.to_owned(), "/m".to_owned(), health));
+        assert_eq!(http(Some(":1"), Some(":2"), true), served(":1", true));
+        assert_eq!(http(Some(":1"), None, false), served(":1", false));
+        assert_eq!(http(None, Some(":2"), true), served(":2", false));
+        assert_eq!(http(None, None, true), None);
+    }
+
+    #[test]
+    fn only_a_file_or_discovery_with_leader_election_balances() {
+        let discover = || hub::Discovery {
+            pattern: None,
+            registration_dir: None,
+            settings_for: Arc::new(|_: Address| -> config::Settings { unreachable!() }),
+        };
+        assert!(balances(&hub::Source::Discover(discover()), true));
+        assert!(!balances(&hub::Source::Discover(discover()), false));
+        assert!(!balances(&hub::Source::Fixed, true));
+        assert!(!balances(&hub::Source::Fixed, false));
+    }
+
+    #[test]
+    fn discovery_alone_starts_with_no_driver_and_the_flags_api_cap() {
+        let args = args(&["--driver-sockets=/csi/*.sock", "--hub-kube-api-qps=7"]);
+        let defaults = config::Defaults::from_args(&args).expect("defaults");
+        let found = discovery(args.driver_sockets.clone(), None, &defaults).expect("valid glob");
+        let (start, source) = driver_source(None, found, "/unused", &defaults).expect("valid");
+        assert!(
+            matches!(source, hub::Source::Discover(d) if d.pattern.as_deref() == Some("/csi/*.sock"))
+        );
+        assert!(start.drivers.is_empty() && start.discovered.is_empty());
+        assert_eq!(start.hub_api_cap, defaults.hub_api_cap());
+        // Neither flag: no discovery, so the one driver of the command line.
+        assert!(
+            discovery(None, None, &defaults)
+                .expect("nothing to check")
+                .is_none()
+        );
     }
 
     #[test]
