@@ -24,7 +24,7 @@ pub mod table;
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 
@@ -94,12 +94,18 @@ fn write_stdout(text: &str) {
 }
 
 async fn run(args: Args) -> Result<u8, Error> {
-    let namespace_of = |client: &kube::Client| {
-        args.namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_string())
-    };
-    let (source, counter) = match (&args.address, &args.pod) {
+    let (source, counter) = connect(&args).await?;
+    if !args.watch && !args.until_attached {
+        let snap = snapshot(&source, counter.as_ref(), &args).await?;
+        write_stdout(&render(&snap, args.output));
+        return Ok(0);
+    }
+    watch(&args, &source, counter.as_ref()).await
+}
+
+/// Where the drivers are read (`--address` or `--pod`) and who counts the VolumeAttachments.
+async fn connect(args: &Args) -> Result<(Source, Option<Counter>), Error> {
+    match (&args.address, &args.pod) {
         (Some(address), _) => {
             // As kubectl: --kubeconfig, else $KUBECONFIG or ~/.kube/config (or the pod's
             // service account); without any, the table has no ATTACHED counts.
@@ -113,96 +119,149 @@ async fn run(args: Args) -> Result<u8, Error> {
                     implicit: true,
                 }),
             };
-            (
-                Source::Direct {
-                    authority: authority(address)?,
-                },
-                counter,
-            )
+            let source = Source::Direct {
+                authority: authority(address)?,
+            };
+            Ok((source, counter))
         }
         (None, Some(pod)) => {
             let client = kube_client(args.kubeconfig.as_ref()).await?;
             let source = Source::Pod {
-                namespace: namespace_of(&client),
+                namespace: args
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| client.default_namespace().to_string()),
                 pod: pod.clone(),
                 port: args.port,
                 client: client.clone(),
             };
-            (
-                source,
-                Some(Counter {
-                    client,
-                    implicit: false,
-                }),
-            )
+            let counter = Counter {
+                client,
+                implicit: false,
+            };
+            Ok((source, Some(counter)))
         }
         // clap requires one of the two.
-        (None, None) => {
-            return Err(Error::Address {
-                address: String::new(),
-                problem: "give --address or --pod",
-            });
-        }
-    };
-
-    if !args.watch && !args.until_attached {
-        let snap = snapshot(&source, counter.as_ref(), &args).await?;
-        write_stdout(&render(&snap, args.output));
-        return Ok(0);
+        (None, None) => Err(Error::Address {
+            address: String::new(),
+            problem: "give --address or --pod",
+        }),
     }
+}
 
+/// `--watch` and `--until-attached`: a look every `--interval`, shown on a terminal as the
+/// table redrawn in place, elsewhere as a progress line on stderr whenever it changes.
+async fn watch(args: &Args, source: &Source, counter: Option<&Counter>) -> Result<u8, Error> {
     let tty = std::io::stdout().is_terminal() && args.output == Output::Table;
     let started = Instant::now();
     let mut last_summary = String::new();
     let mut last: Option<Snapshot> = None;
     loop {
         let tick = Instant::now();
-        let result = snapshot(&source, counter.as_ref(), &args).await;
-        let line = match &result {
-            Ok(snap) => summary(snap),
-            Err(e) => format!("not answering: {}", e.one_line()),
-        };
+        let result = snapshot(source, counter, args).await;
+        let line = progress_line(&result);
         if tty {
-            let body = match &result {
-                Ok(snap) => render(snap, args.output),
-                Err(e) => format!("{}\n", e.one_line()),
-            };
-            let footer = if args.until_attached {
-                "waiting until every driver is ready and every VolumeAttachment is attached ..."
-            } else {
-                "press Ctrl-C to stop"
-            };
             let now = k8s_openapi::jiff::Timestamp::now().strftime("%H:%M:%S UTC");
-            write_stdout(&format!(
-                "\x1b[H\x1b[Jattacher-hub status of {}   {now}\n\n{body}\n{footer}\n",
-                source.describe()
-            ));
+            let body = body(&result, args.output);
+            let screen = screen(
+                &source.describe(),
+                &now.to_string(),
+                &body,
+                args.until_attached,
+            );
+            write_stdout(&screen);
         } else if line != last_summary {
             eprintln!("status: {line} ({:.1}s)", started.elapsed().as_secs_f64());
         }
         last_summary = line;
+        let attached = result
+            .as_ref()
+            .is_ok_and(|snap| args.until_attached && all_attached(snap));
         if let Ok(snap) = result {
-            let done = args.until_attached && all_attached(&snap);
             last = Some(snap);
-            if done {
-                if !tty && let Some(snap) = &last {
-                    write_stdout(&render(snap, args.output));
-                }
-                return Ok(0);
+        }
+        let next = next_step(
+            attached,
+            args.until_attached,
+            started.elapsed(),
+            args.wait_timeout,
+        );
+        if next != Next::Refresh
+            && !tty
+            && let Some(snap) = &last
+        {
+            write_stdout(&render(snap, args.output));
+        }
+        match next {
+            Next::Refresh => {
+                tokio::time::sleep(args.interval.saturating_sub(tick.elapsed())).await;
+            }
+            Next::Done => return Ok(0),
+            Next::TimedOut => {
+                eprintln!(
+                    "status: timed out after {:?}: {last_summary}",
+                    args.wait_timeout
+                );
+                return Ok(1);
             }
         }
-        if args.until_attached && started.elapsed() >= args.wait_timeout {
-            if !tty && let Some(snap) = &last {
-                write_stdout(&render(snap, args.output));
-            }
-            eprintln!(
-                "status: timed out after {:?}: {last_summary}",
-                args.wait_timeout
-            );
-            return Ok(1);
-        }
-        tokio::time::sleep(args.interval.saturating_sub(tick.elapsed())).await;
     }
+}
+
+/// What follows one look of `--watch` or `--until-attached`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Look again after `--interval`.
+    Refresh,
+    /// Everything is attached: print the table and exit 0.
+    Done,
+    /// `--wait-timeout` has passed: print the last table and exit 1.
+    TimedOut,
+}
+
+/// The decision after a look: `attached` says that the look answered and every driver is ready
+/// with every VolumeAttachment attached (only asked with `--until-attached`); `elapsed` is the
+/// time since the first look. A successful look wins over a timeout reached at the same time.
+fn next_step(
+    attached: bool,
+    until_attached: bool,
+    elapsed: Duration,
+    wait_timeout: Duration,
+) -> Next {
+    if attached {
+        Next::Done
+    } else if until_attached && elapsed >= wait_timeout {
+        Next::TimedOut
+    } else {
+        Next::Refresh
+    }
+}
+
+/// The progress line of a look.
+fn progress_line(result: &Result<Snapshot, Error>) -> String {
+    match result {
+        Ok(snap) => summary(snap),
+        Err(e) => format!("not answering: {}", e.one_line()),
+    }
+}
+
+/// What a look shows on the terminal: its rendering, or why the hub did not answer.
+fn body(result: &Result<Snapshot, Error>, output: Output) -> String {
+    match result {
+        Ok(snap) => render(snap, output),
+        Err(e) => format!("{}\n", e.one_line()),
+    }
+}
+
+/// The terminal's whole screen (cleared first): where the drivers are read and when, the body,
+/// and how the refreshing ends.
+fn screen(source: &str, now: &str, body: &str, until_attached: bool) -> String {
+    let footer = if until_attached {
+        "waiting until every driver is ready and every VolumeAttachment is attached ..."
+    } else {
+        "press Ctrl-C to stop"
+    };
+    format!("\x1b[H\x1b[Jattacher-hub status of {source}   {now}\n\n{body}\n{footer}\n")
 }
 
 /// Entry point of `attacher-hub status <args>` (`args` without the program
@@ -233,5 +292,99 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> std::process::ExitCode 
             eprintln!("attacher-hub status: {}", error.one_line());
             std::process::ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn snapshot_of(states: &[&str], counts: Option<Counts>) -> Snapshot {
+        let drivers: Vec<serde_json::Value> = states
+            .iter()
+            .enumerate()
+            .map(|(i, state)| json!({"name": format!("d{i}"), "state": {"state": state}}))
+            .collect();
+        let counts = counts.map(|c| (0..states.len()).map(|i| (format!("d{i}"), c)).collect());
+        Snapshot {
+            drivers,
+            counts,
+            config: None,
+            uncounted: None,
+        }
+    }
+
+    #[test]
+    fn a_look_with_everything_attached_ends_the_wait_even_at_the_timeout() {
+        let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(next_step(true, true, minute, minute), Next::Done);
+        assert_eq!(next_step(false, true, second, minute), Next::Refresh);
+        assert_eq!(next_step(false, true, minute, minute), Next::TimedOut);
+        // --watch alone never times out.
+        assert_eq!(next_step(false, false, 2 * minute, minute), Next::Refresh);
+    }
+
+    #[test]
+    fn the_progress_line_counts_ready_drivers_and_attached_volume_attachments() {
+        let counts = Counts {
+            attached: 1,
+            total: 2,
+            failing: 0,
+        };
+        let snap = snapshot_of(&["leading", "connecting", "staleSocket"], Some(counts));
+        assert_eq!(
+            progress_line(&Ok(snap)),
+            "1/2 drivers ready, 2/4 VolumeAttachments attached"
+        );
+        let snap = snapshot_of(&["leading"], None);
+        assert_eq!(progress_line(&Ok(snap)), "1/1 drivers ready");
+        let e = Error::Timeout {
+            what: "GET /drivers".into(),
+            timeout: Duration::from_secs(10),
+        };
+        let line = progress_line(&Err(e));
+        assert!(
+            line.starts_with("not answering: GET /drivers: no answer within 10s"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn until_attached_needs_a_ready_driver_and_every_volume_attachment_attached() {
+        let all = Counts {
+            attached: 2,
+            total: 2,
+            failing: 0,
+        };
+        let some = Counts { attached: 1, ..all };
+        assert!(all_attached(&snapshot_of(&["leading"], Some(all))));
+        assert!(!all_attached(&snapshot_of(&["leading"], Some(some))));
+        assert!(!all_attached(&snapshot_of(
+            &["leading", "failed"],
+            Some(all)
+        )));
+        // Nothing served is nothing ready.
+        assert!(!all_attached(&snapshot_of(&["staleSocket"], None)));
+        assert!(!all_attached(&snapshot_of(&[], None)));
+    }
+
+    #[test]
+    fn the_screen_is_redrawn_from_the_top_with_the_source_time_and_footer() {
+        assert_eq!(
+            screen("http://h:8080", "12:00:00 UTC", "TABLE\n", false),
+            "\x1b[H\x1b[Jattacher-hub status of http://h:8080   12:00:00 UTC\n\nTABLE\n\npress Ctrl-C to stop\n"
+        );
+        assert!(screen("s", "t", "b", true).ends_with(
+            "\nwaiting until every driver is ready and every VolumeAttachment is attached ...\n"
+        ));
+        let e = Error::Address {
+            address: ":x".into(),
+            problem: "not an HTTP endpoint",
+        };
+        assert_eq!(
+            body(&Err(e), Output::Table),
+            "--address \":x\": not an HTTP endpoint\n"
+        );
     }
 }
