@@ -187,113 +187,147 @@ pub fn reload_note(config: &Value) -> Option<String> {
     ))
 }
 
+/// The table's columns.
+const HEADER: [&str; 6] = [
+    "DRIVER",
+    "STATE",
+    "LEASE HOLDER",
+    "QUEUES A/D/PV",
+    "ATTACHED",
+    "LAST ERROR",
+];
+
 /// The table: a header, one row per driver, then notes (reasons of failed
 /// drivers, VolumeAttachments with attach errors) and, when counted, the
 /// total of attached VolumeAttachments. Cells other than the last never
 /// contain spaces, so rows split on whitespace.
 pub fn render_table(rows: &[Row]) -> String {
-    const HEADER: [&str; 6] = [
-        "DRIVER",
-        "STATE",
-        "LEASE HOLDER",
-        "QUEUES A/D/PV",
-        "ATTACHED",
-        "LAST ERROR",
-    ];
-    let dash = || "-".to_string();
-    let cells: Vec<[String; 6]> = rows
-        .iter()
-        .map(|r| {
-            let queues = r
-                .queues
-                .iter()
-                .map(|q| q.map_or_else(|| "?".to_string(), |d| d.to_string()))
-                .collect::<Vec<_>>()
-                .join("/");
-            let attached = r
-                .attachments
-                .map_or_else(dash, |c| format!("{}/{}", c.attached, c.total));
-            let last_error = r.last_error.as_deref().map_or_else(dash, |e| {
-                let one_line = e.split_whitespace().collect::<Vec<_>>().join(" ");
-                let one_line = match r.last_error_age {
-                    Some(age) => format!("{} ago: {one_line}", short_age(age)),
-                    None => one_line,
-                };
-                truncate(&one_line, LAST_ERROR_WIDTH)
-            });
-            [
-                r.driver.clone(),
-                r.state.clone(),
-                r.lease_holder.clone().unwrap_or_else(dash),
-                queues,
-                attached,
-                last_error,
-            ]
-        })
-        .collect();
-    let mut widths = HEADER.map(|h| h.chars().count());
+    let cells: Vec<[String; 6]> = rows.iter().map(cells).collect();
+    let widths = column_widths(&cells);
+    let mut out = aligned(HEADER, widths);
     for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |row: [&str; 6]| {
-        let mut out = String::new();
-        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
-            out.push_str(cell);
-            if i + 1 < row.len() {
-                out.push_str(&" ".repeat(w - cell.chars().count() + 2));
-            }
-        }
-        out.trim_end().to_string() + "\n"
-    };
-    let mut out = line(HEADER);
-    for row in &cells {
-        out.push_str(&line(row.each_ref().map(String::as_str)));
+        out.push_str(&aligned(row.each_ref().map(String::as_str), widths));
     }
     if rows.is_empty() {
         out.push_str("(no drivers)\n");
     }
-    // A note is one line, whatever the hub wrote (an older hub's reasons span lines).
-    let one_line = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
-    let mut notes = Vec::new();
-    for r in rows {
-        if let Some(reason) = &r.reason {
-            notes.push(format!("{}: {}: {}", r.driver, r.state, one_line(reason)));
-        }
-        if let Some(why) = &r.guard_unavailable {
-            notes.push(format!(
-                "{}: lease guard unavailable: {}",
-                r.driver,
-                one_line(why)
-            ));
-        }
-        if let Some(p) = &r.pushback {
-            notes.push(format!("{}: {}", r.driver, p.note()));
-        }
-        if let Some(c) = r.attachments.filter(|c| c.failing > 0) {
-            notes.push(format!(
-                "{}: {} VolumeAttachment(s) with an attach error",
-                r.driver, c.failing
-            ));
-        }
-    }
+    let notes: Vec<String> = rows.iter().flat_map(notes).collect();
     if !notes.is_empty() {
         out.push('\n');
         for n in notes {
             out.push_str(&format!("note: {n}\n"));
         }
     }
-    if rows.iter().all(|r| r.attachments.is_some()) && !rows.is_empty() {
-        let (attached, total) = rows
-            .iter()
-            .filter_map(|r| r.attachments)
-            .fold((0, 0), |(a, t), c| (a + c.attached, t + c.total));
-        out.push_str(&format!(
-            "\nattached: {attached}/{total} VolumeAttachments\n"
-        ));
+    if let Some(total) = attached_total(rows) {
+        out.push_str(&total);
     }
     out
+}
+
+/// The cells of one row, in the order of [`HEADER`]; `-` for nothing to show.
+fn cells(r: &Row) -> [String; 6] {
+    let dash = || "-".to_string();
+    [
+        r.driver.clone(),
+        r.state.clone(),
+        r.lease_holder.clone().unwrap_or_else(dash),
+        queues_cell(&r.queues),
+        r.attachments
+            .map_or_else(dash, |c| format!("{}/{}", c.attached, c.total)),
+        last_error_cell(r),
+    ]
+}
+
+/// `attach/detach/pv` depths, `?` for one the hub does not report.
+fn queues_cell(queues: &[Option<u64>; 3]) -> String {
+    queues
+        .iter()
+        .map(|q| q.map_or_else(|| "?".to_string(), |d| d.to_string()))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The last error on one line, after its age when known, cut to [`LAST_ERROR_WIDTH`].
+fn last_error_cell(r: &Row) -> String {
+    let Some(error) = r.last_error.as_deref() else {
+        return "-".to_string();
+    };
+    let text = match r.last_error_age {
+        Some(age) => format!("{} ago: {}", short_age(age), one_line(error)),
+        None => one_line(error),
+    };
+    truncate(&text, LAST_ERROR_WIDTH)
+}
+
+/// Each column's width: its widest cell, the header's included.
+fn column_widths(cells: &[[String; 6]]) -> [usize; 6] {
+    let mut widths = HEADER.map(|h| h.chars().count());
+    for row in cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    widths
+}
+
+/// One line of the table: each cell but the last padded to its column's width plus two
+/// spaces, without trailing spaces.
+fn aligned(row: [&str; 6], widths: [usize; 6]) -> String {
+    let mut out = String::new();
+    for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+        out.push_str(cell);
+        if i + 1 < row.len() {
+            out.push_str(&" ".repeat(w - cell.chars().count() + 2));
+        }
+    }
+    out.trim_end().to_string() + "\n"
+}
+
+/// `text` on one line, its runs of white space each one space (an older hub's reasons span
+/// lines).
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The notes about one driver, each one line: why it is in its state, why its Lease is not
+/// guarded, the API server's pushback, its VolumeAttachments with an attach error.
+fn notes(r: &Row) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(reason) = &r.reason {
+        notes.push(format!("{}: {}: {}", r.driver, r.state, one_line(reason)));
+    }
+    if let Some(why) = &r.guard_unavailable {
+        notes.push(format!(
+            "{}: lease guard unavailable: {}",
+            r.driver,
+            one_line(why)
+        ));
+    }
+    if let Some(p) = &r.pushback {
+        notes.push(format!("{}: {}", r.driver, p.note()));
+    }
+    if let Some(c) = r.attachments.filter(|c| c.failing > 0) {
+        notes.push(format!(
+            "{}: {} VolumeAttachment(s) with an attach error",
+            r.driver, c.failing
+        ));
+    }
+    notes
+}
+
+/// The total of attached VolumeAttachments, when every driver's were counted (and there is a
+/// driver).
+fn attached_total(rows: &[Row]) -> Option<String> {
+    if rows.is_empty() || rows.iter().any(|r| r.attachments.is_none()) {
+        return None;
+    }
+    let (attached, total) = rows
+        .iter()
+        .filter_map(|r| r.attachments)
+        .fold((0, 0), |(a, t), c| (a + c.attached, t + c.total));
+    Some(format!(
+        "\nattached: {attached}/{total} VolumeAttachments\n"
+    ))
 }
 
 /// An age as kubectl prints it: `42s`, `3m`, `5h`, `2d`.
@@ -679,5 +713,107 @@ pub(crate) mod tests {
         ] {
             assert!(!row(state, Some("h"), true).ready(), "{state}");
         }
+    }
+
+    fn bare(driver: &str) -> Row {
+        Row {
+            driver: driver.to_string(),
+            state: "leading".to_string(),
+            reason: None,
+            lease_holder: None,
+            leader_election: true,
+            queues: [Some(0); 3],
+            attachments: None,
+            last_error: None,
+            last_error_age: None,
+            guard_unavailable: None,
+            pushback: None,
+        }
+    }
+
+    #[test]
+    fn cells_show_unknown_queues_as_a_question_mark_and_nothing_as_a_dash() {
+        assert_eq!(queues_cell(&[Some(3), None, Some(0)]), "3/?/0");
+        let mut r = bare("d");
+        assert_eq!(cells(&r), ["d", "leading", "-", "0/0/0", "-", "-"]);
+        r.lease_holder = Some("hub-0".into());
+        r.attachments = Some(Counts {
+            attached: 1,
+            total: 2,
+            failing: 0,
+        });
+        r.last_error = Some("dial\n  unix:  refused".into());
+        r.last_error_age = Some(std::time::Duration::from_secs(150));
+        assert_eq!(
+            cells(&r),
+            [
+                "d",
+                "leading",
+                "hub-0",
+                "0/0/0",
+                "1/2",
+                "2m ago: dial unix: refused"
+            ]
+        );
+        r.last_error = Some("x".repeat(200));
+        r.last_error_age = None;
+        let cut = last_error_cell(&r);
+        assert_eq!(cut.chars().count(), LAST_ERROR_WIDTH);
+        assert!(cut.ends_with('…'), "{cut}");
+    }
+
+    #[test]
+    fn columns_are_as_wide_as_their_widest_cell_and_lines_end_without_spaces() {
+        let cells = [["a-long-driver-name", "s", "-", "0/0/0", "-", "-"].map(str::to_string)];
+        let widths = column_widths(&cells);
+        assert_eq!(widths, [18, 5, 12, 13, 8, 10]);
+        assert_eq!(
+            aligned(["d", "s", "", "", "", ""], widths),
+            format!("d{}s\n", " ".repeat(19))
+        );
+        assert_eq!(
+            aligned(["d", "s", "h", "q", "a", "e r r"], [1; 6]),
+            "d  s  h  q  a  e r r\n"
+        );
+    }
+
+    #[test]
+    fn a_drivers_notes_come_in_order_each_on_one_line() {
+        let mut r = bare("d");
+        assert!(notes(&r).is_empty());
+        r.state = "failed".into();
+        r.reason = Some("no\nsocket".into());
+        r.guard_unavailable = Some("forbidden:\n  list leases".into());
+        r.attachments = Some(Counts {
+            attached: 0,
+            total: 3,
+            failing: 2,
+        });
+        assert_eq!(
+            notes(&r),
+            [
+                "d: failed: no socket",
+                "d: lease guard unavailable: forbidden: list leases",
+                "d: 2 VolumeAttachment(s) with an attach error",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_attached_total_needs_every_driver_counted() {
+        let counted = |attached, total| Row {
+            attachments: Some(Counts {
+                attached,
+                total,
+                failing: 0,
+            }),
+            ..bare("d")
+        };
+        assert_eq!(
+            attached_total(&[counted(1, 2), counted(3, 3)]).as_deref(),
+            Some("\nattached: 4/5 VolumeAttachments\n")
+        );
+        assert_eq!(attached_total(&[counted(1, 2), bare("e")]), None);
+        assert_eq!(attached_total(&[]), None);
     }
 }
