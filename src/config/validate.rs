@@ -150,102 +150,143 @@ impl DriverEntry {
         defaults: &Defaults,
         discovery: bool,
     ) -> Result<Settings, Invalid> {
-        let field = |name: &str| format!("{at}.{name}");
-        let address = match &self.address {
-            Some(address) => address
-                .parse::<Address>()
-                .ok()
-                .filter(|a| a.path().is_absolute())
-                .ok_or_else(|| invalid(field("address"), Problem::Address(address.clone())))?,
-            None if self.name.is_none() => {
-                return Err(invalid(at, Problem::NoAddressNorName));
-            }
-            None if !discovery => return Err(invalid(at, Problem::NameWithoutDiscovery)),
-            None => NO_ADDRESS
-                .parse::<Address>()
-                .map_err(|_| invalid(at, Problem::Address(NO_ADDRESS.into())))?,
-        };
-        let mut s = defaults.settings_for(address);
+        let mut s = defaults.settings_for(self.address(at, discovery)?);
         if let Some(name) = &self.name {
             if name.is_empty() {
-                return Err(invalid(field("name"), Problem::Empty));
+                return Err(invalid(field(at, "name"), Problem::Empty));
             }
             s.expected_name = Some(name.clone());
         }
-        let duration = |name: &str, value: &Option<String>, default: Duration| {
-            value
-                .as_deref()
-                .map_or(Ok(default), |v| positive_duration(&field(name), v))
-        };
-        s.timeout = duration("timeout", &self.timeout, s.timeout)?;
-        s.retry_interval_start = duration(
-            "retryIntervalStart",
-            &self.retry_interval_start,
-            s.retry_interval_start,
-        )?;
-        s.retry_interval_max = duration(
-            "retryIntervalMax",
-            &self.retry_interval_max,
-            s.retry_interval_max,
-        )?;
-        if s.retry_interval_max < s.retry_interval_start {
-            let name = if self.retry_interval_max.is_some() {
-                "retryIntervalMax"
-            } else {
-                "retryIntervalStart"
-            };
-            return Err(invalid(
-                field(name),
-                Problem::RetryMaxBelowStart {
-                    start: s.retry_interval_start,
-                    max: s.retry_interval_max,
-                },
-            ));
-        }
-        s.reconcile_sync = duration("reconcileSync", &self.reconcile_sync, s.reconcile_sync)?;
-        match &self.worker_threads {
-            None => {}
-            Some(WorkerThreads::Both(n)) => {
-                let n = workers(&field("workerThreads"), *n)?;
-                (s.attach_workers, s.detach_workers, s.csi_calls) = (n, n, n);
-            }
-            Some(WorkerThreads::Pools(p)) => {
-                s.attach_workers = workers(&field("workerThreads.attach"), p.attach)?;
-                s.detach_workers = workers(&field("workerThreads.detach"), p.detach)?;
-                s.csi_calls = s.attach_workers + s.detach_workers;
-            }
+        self.apply_durations(at, &mut s)?;
+        if let Some(threads) = &self.worker_threads {
+            (s.attach_workers, s.detach_workers, s.csi_calls) = worker_pools(at, threads)?;
         }
         if let Some(n) = self.max_entries {
-            let n = bounded(&field("maxEntries"), n, 0, cli::MAX_LIST_ENTRIES)?;
+            let n = bounded(&field(at, "maxEntries"), n, 0, cli::MAX_LIST_ENTRIES)?;
             // At most `MAX_LIST_ENTRIES`, which is `i32::MAX`.
             s.max_entries = i32::try_from(n).unwrap_or(i32::MAX);
         }
         if let Some(fstype) = &self.default_fstype {
             s.default_fstype = fstype.clone();
         }
-        if self.kube_api_qps.is_some() || self.kube_api_burst.is_some() {
-            let qps = match self.kube_api_qps {
-                None => defaults.kube_api_qps,
-                // 0 would silently mean client-go's default of 5: ask for what is meant.
-                Some(q) if q == 0.0 => {
-                    return Err(invalid(
-                        field("kubeApiQps"),
-                        Problem::ZeroQps(q.to_string()),
-                    ));
-                }
-                // Negative: no limit, as client-go reads it.
-                Some(q) => qps_at_most_max(&field("kubeApiQps"), q)?,
-            };
-            let burst = match self.kube_api_burst {
-                None => defaults.kube_api_burst,
-                Some(b) => bounded(&field("kubeApiBurst"), b, 1, cli::MAX_API_BURST)?,
-            };
-            s.api_budget = Limit::client_go(qps, burst);
+        if let Some(budget) = self.api_budget(at, defaults)? {
+            s.api_budget = budget;
         }
         if let Some(le) = &self.leader_election {
-            s.leader_election = leader_election(&field("leaderElection"), le, defaults)?;
+            s.leader_election = leader_election(&field(at, "leaderElection"), le, defaults)?;
         }
         Ok(s)
+    }
+
+    /// The entry's socket: an absolute Unix socket path, or, for an entry that names a
+    /// discovered driver, the placeholder [`NO_ADDRESS`].
+    fn address(&self, at: &str, discovery: bool) -> Result<Address, Invalid> {
+        match &self.address {
+            Some(address) => address
+                .parse::<Address>()
+                .ok()
+                .filter(|a| a.path().is_absolute())
+                .ok_or_else(|| invalid(field(at, "address"), Problem::Address(address.clone()))),
+            None if self.name.is_none() => Err(invalid(at, Problem::NoAddressNorName)),
+            None if !discovery => Err(invalid(at, Problem::NameWithoutDiscovery)),
+            None => NO_ADDRESS
+                .parse::<Address>()
+                .map_err(|_| invalid(at, Problem::Address(NO_ADDRESS.into()))),
+        }
+    }
+
+    /// `timeout`, `retryIntervalStart`, `retryIntervalMax` (not below the start) and
+    /// `reconcileSync`, over the flags' values in `s`.
+    fn apply_durations(&self, at: &str, s: &mut Settings) -> Result<(), Invalid> {
+        s.timeout = optional_duration(at, "timeout", &self.timeout, s.timeout)?;
+        s.retry_interval_start = optional_duration(
+            at,
+            "retryIntervalStart",
+            &self.retry_interval_start,
+            s.retry_interval_start,
+        )?;
+        s.retry_interval_max = optional_duration(
+            at,
+            "retryIntervalMax",
+            &self.retry_interval_max,
+            s.retry_interval_max,
+        )?;
+        if s.retry_interval_max < s.retry_interval_start {
+            // Blame the one the entry wrote: the maximum if it did, else the start.
+            let name = if self.retry_interval_max.is_some() {
+                "retryIntervalMax"
+            } else {
+                "retryIntervalStart"
+            };
+            return Err(invalid(
+                field(at, name),
+                Problem::RetryMaxBelowStart {
+                    start: s.retry_interval_start,
+                    max: s.retry_interval_max,
+                },
+            ));
+        }
+        s.reconcile_sync =
+            optional_duration(at, "reconcileSync", &self.reconcile_sync, s.reconcile_sync)?;
+        Ok(())
+    }
+
+    /// The driver's own API budget when the entry sets `kubeApiQps` or `kubeApiBurst` (the
+    /// other from the flags); `None` keeps the flags' budget.
+    fn api_budget(&self, at: &str, defaults: &Defaults) -> Result<Option<Limit>, Invalid> {
+        if self.kube_api_qps.is_none() && self.kube_api_burst.is_none() {
+            return Ok(None);
+        }
+        let qps = match self.kube_api_qps {
+            None => defaults.kube_api_qps,
+            // 0 would silently mean client-go's default of 5: ask for what is meant.
+            Some(q) if q == 0.0 => {
+                return Err(invalid(
+                    field(at, "kubeApiQps"),
+                    Problem::ZeroQps(q.to_string()),
+                ));
+            }
+            // Negative: no limit, as client-go reads it.
+            Some(q) => qps_at_most_max(&field(at, "kubeApiQps"), q)?,
+        };
+        let burst = match self.kube_api_burst {
+            None => defaults.kube_api_burst,
+            Some(b) => bounded(&field(at, "kubeApiBurst"), b, 1, cli::MAX_API_BURST)?,
+        };
+        Ok(Some(Limit::client_go(qps, burst)))
+    }
+}
+
+/// `<at>.<name>`: a field of the entry at `at`.
+fn field(at: &str, name: &str) -> String {
+    format!("{at}.{name}")
+}
+
+/// The duration the entry writes at `<at>.<name>`, else `default`.
+fn optional_duration(
+    at: &str,
+    name: &str,
+    value: &Option<String>,
+    default: Duration,
+) -> Result<Duration, Invalid> {
+    value
+        .as_deref()
+        .map_or(Ok(default), |v| positive_duration(&field(at, name), v))
+}
+
+/// `workerThreads`: the attach workers, the detach workers and the concurrent CSI calls. One
+/// count is each pool's and the cap of CSI calls; two counts cap the CSI calls at their sum.
+fn worker_pools(at: &str, threads: &WorkerThreads) -> Result<(usize, usize, usize), Invalid> {
+    match threads {
+        WorkerThreads::Both(n) => {
+            let n = workers(&field(at, "workerThreads"), *n)?;
+            Ok((n, n, n))
+        }
+        WorkerThreads::Pools(p) => {
+            let attach = workers(&field(at, "workerThreads.attach"), p.attach)?;
+            let detach = workers(&field(at, "workerThreads.detach"), p.detach)?;
+            Ok((attach, detach, attach + detach))
+        }
     }
 }
 
@@ -292,11 +333,9 @@ fn leader_election(
         LeaderElection::Enabled(true) => &LeaderElectionSettings::default(),
         LeaderElection::Settings(o) => o,
     };
-    let field = |name: &str| format!("{at}.{name}");
+    let field = |name: &str| field(at, name);
     let duration = |name: &str, value: &Option<String>, default: Duration| {
-        value
-            .as_deref()
-            .map_or(Ok(default), |v| positive_duration(&field(name), v))
+        optional_duration(at, name, value, default)
     };
     let lease_duration = duration("leaseDuration", &o.lease_duration, flags.lease_duration)?;
     let renew_deadline = duration("renewDeadline", &o.renew_deadline, flags.renew_deadline)?;
@@ -402,4 +441,117 @@ pub(crate) fn check_unique(
         names.insert(sanitized, (i, name));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Args;
+    use crate::config::file::WorkerPools;
+
+    fn defaults() -> Defaults {
+        Defaults::with_identity(&Args::default(), "test-host".to_owned())
+    }
+
+    #[test]
+    fn one_worker_count_is_each_pool_and_the_csi_cap_two_counts_cap_at_their_sum() {
+        assert_eq!(worker_pools("d", &WorkerThreads::Both(4)), Ok((4, 4, 4)));
+        let pools = WorkerThreads::Pools(WorkerPools {
+            attach: 3,
+            detach: 2,
+        });
+        assert_eq!(worker_pools("d", &pools), Ok((3, 2, 5)));
+        let e = worker_pools(
+            "d",
+            &WorkerThreads::Pools(WorkerPools {
+                attach: 1,
+                detach: 0,
+            }),
+        )
+        .expect_err("no detach worker");
+        assert_eq!(e.field, "d.workerThreads.detach");
+        let e = worker_pools("d", &WorkerThreads::Both(0)).expect_err("no worker");
+        assert_eq!(e.field, "d.workerThreads");
+    }
+
+    #[test]
+    fn an_entry_without_address_needs_a_name_and_discovery() {
+        let named = DriverEntry {
+            name: Some("x.csi".into()),
+            ..DriverEntry::default()
+        };
+        let fail = |entry: &DriverEntry, discovery| {
+            *entry.address("e", discovery).expect_err("refused").problem
+        };
+        assert_eq!(
+            fail(&DriverEntry::default(), true),
+            Problem::NoAddressNorName
+        );
+        assert_eq!(fail(&named, false), Problem::NameWithoutDiscovery);
+        assert_eq!(
+            named.address("e", true).map(|a| a.to_string()),
+            Ok(format!("unix://{NO_ADDRESS}"))
+        );
+        let relative = DriverEntry {
+            address: Some("csi.sock".into()),
+            ..DriverEntry::default()
+        };
+        let e = relative.address("e", true).expect_err("relative");
+        assert_eq!(e.field, "e.address");
+        assert_eq!(*e.problem, Problem::Address("csi.sock".into()));
+    }
+
+    #[test]
+    fn a_retry_maximum_below_the_start_blames_the_one_the_entry_wrote() {
+        let d = defaults();
+        let mut s = d.settings_for("/csi.sock".parse().expect("address"));
+        let start_only = DriverEntry {
+            retry_interval_start: Some("1h".into()),
+            ..DriverEntry::default()
+        };
+        let e = start_only
+            .apply_durations("e", &mut s)
+            .expect_err("start above the flags' maximum");
+        assert_eq!(e.field, "e.retryIntervalStart");
+        let both = DriverEntry {
+            retry_interval_max: Some("2s".into()),
+            ..start_only
+        };
+        let e = both
+            .apply_durations("e", &mut s)
+            .expect_err("max below start");
+        assert_eq!(e.field, "e.retryIntervalMax");
+        let fine = DriverEntry {
+            timeout: Some("7s".into()),
+            reconcile_sync: Some("2m".into()),
+            ..DriverEntry::default()
+        };
+        let mut s = d.settings_for("/csi.sock".parse().expect("address"));
+        fine.apply_durations("e", &mut s).expect("valid");
+        assert_eq!(
+            (s.timeout, s.reconcile_sync),
+            (Duration::from_secs(7), Duration::from_secs(120))
+        );
+    }
+
+    #[test]
+    fn an_entrys_api_budget_takes_the_missing_half_from_the_flags_and_refuses_zero_qps() {
+        let d = defaults();
+        assert_eq!(DriverEntry::default().api_budget("e", &d), Ok(None));
+        let burst_only = DriverEntry {
+            kube_api_burst: Some(7),
+            ..DriverEntry::default()
+        };
+        assert_eq!(
+            burst_only.api_budget("e", &d),
+            Ok(Some(Limit::client_go(d.kube_api_qps, 7)))
+        );
+        let zero = DriverEntry {
+            kube_api_qps: Some(0.0),
+            ..DriverEntry::default()
+        };
+        let e = zero.api_budget("e", &d).expect_err("zero qps");
+        assert_eq!(e.field, "e.kubeApiQps");
+        assert_eq!(*e.problem, Problem::ZeroQps("0".into()));
+    }
 }
