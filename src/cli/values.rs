@@ -167,88 +167,136 @@ pub fn parse_go_duration(value: &str) -> Result<i64, DurationError> {
     if s.is_empty() {
         return Err(invalid());
     }
-    // Go allows up to 2^63 ns, which only fits when negative.
-    const LIMIT: u64 = 1 << 63;
     let mut total: u64 = 0;
     while !s.is_empty() {
-        // The number: integer part, then an optional fraction.
-        let int_len = s.bytes().take_while(u8::is_ascii_digit).count();
-        let mut whole: u64 = 0;
-        for b in s[..int_len].bytes() {
-            whole = whole
-                .checked_mul(10)
-                .and_then(|w| w.checked_add(u64::from(b - b'0')))
-                .filter(|w| *w <= LIMIT)
-                .ok_or_else(invalid)?;
-        }
-        s = &s[int_len..];
-        let (mut frac, mut scale, mut frac_len) = (0u64, 1f64, 0usize);
-        if let Some(rest) = s.strip_prefix('.') {
-            frac_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-            let mut overflow = false;
-            for b in rest[..frac_len].bytes() {
-                if overflow {
-                    continue;
-                }
-                match frac
-                    .checked_mul(10)
-                    .and_then(|f| f.checked_add(u64::from(b - b'0')))
-                {
-                    Some(f) if f <= LIMIT => {
-                        frac = f;
-                        scale *= 10.0;
-                    }
-                    _ => overflow = true, // further digits do not matter
-                }
-            }
-            s = &rest[frac_len..];
-        } else if int_len == 0 {
-            return Err(invalid());
-        }
-        if int_len == 0 && frac_len == 0 {
-            return Err(invalid());
-        }
-        // The unit: everything up to the next digit or dot.
-        let unit_len = s
-            .bytes()
-            .take_while(|b| *b != b'.' && !b.is_ascii_digit())
-            .count();
-        let unit = match &s[..unit_len] {
-            "" => return Err(DurationError::MissingUnit(value.to_owned())),
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60 * 1_000_000_000,
-            "h" => 3_600 * 1_000_000_000,
-            other => {
-                return Err(DurationError::UnknownUnit {
-                    unit: other.to_owned(),
-                    duration: value.to_owned(),
-                });
-            }
-        };
-        s = &s[unit_len..];
-        let mut v = whole
-            .checked_mul(unit)
-            .filter(|v| *v <= LIMIT)
-            .ok_or_else(invalid)?;
-        if frac > 0 {
-            v = v
-                .checked_add((frac as f64 * (unit as f64 / scale)) as u64)
-                .filter(|v| *v <= LIMIT)
-                .ok_or_else(invalid)?;
-        }
+        let (nanos, rest) = duration_term(s, value)?;
         total = total
-            .checked_add(v)
-            .filter(|t| *t <= LIMIT)
+            .checked_add(nanos)
+            .filter(|t| *t <= DURATION_LIMIT)
             .ok_or_else(invalid)?;
+        s = rest;
     }
     if negative {
         Ok(0i64.wrapping_sub_unsigned(total))
     } else {
         i64::try_from(total).map_err(|_| invalid())
     }
+}
+
+/// The largest magnitude of a duration, in nanoseconds: Go allows up to 2^63 ns, which only
+/// fits when negative.
+const DURATION_LIMIT: u64 = 1 << 63;
+
+/// The first term of `s` (a number, with an optional fraction, and its unit): its nanoseconds
+/// and what follows it. `value` is the whole duration, for the errors.
+fn duration_term<'a>(s: &'a str, value: &str) -> Result<(u64, &'a str), DurationError> {
+    let invalid = || DurationError::Invalid(value.to_owned());
+    let (whole, int_len) = leading_int(s).ok_or_else(invalid)?;
+    let s = &s[int_len..];
+    let (fraction, s) = match s.strip_prefix('.') {
+        Some(rest) => {
+            let fraction = leading_fraction(rest);
+            (fraction, &rest[fraction.digits..])
+        }
+        None if int_len == 0 => return Err(invalid()),
+        None => (Fraction::NONE, s),
+    };
+    if int_len == 0 && fraction.digits == 0 {
+        return Err(invalid());
+    }
+    // The unit: everything up to the next digit or dot.
+    let unit_len = s
+        .bytes()
+        .take_while(|b| *b != b'.' && !b.is_ascii_digit())
+        .count();
+    let unit = match &s[..unit_len] {
+        "" => return Err(DurationError::MissingUnit(value.to_owned())),
+        unit => unit_nanos(unit).ok_or_else(|| DurationError::UnknownUnit {
+            unit: unit.to_owned(),
+            duration: value.to_owned(),
+        })?,
+    };
+    let nanos = term_nanos(whole, fraction, unit).ok_or_else(invalid)?;
+    Ok((nanos, &s[unit_len..]))
+}
+
+/// The decimal digits at the start of `s`: their value and how many there are; `None` when
+/// the value exceeds [`DURATION_LIMIT`].
+fn leading_int(s: &str) -> Option<(u64, usize)> {
+    let len = s.bytes().take_while(u8::is_ascii_digit).count();
+    let mut whole: u64 = 0;
+    for b in s[..len].bytes() {
+        whole = whole
+            .checked_mul(10)
+            .and_then(|w| w.checked_add(u64::from(b - b'0')))
+            .filter(|w| *w <= DURATION_LIMIT)?;
+    }
+    Some((whole, len))
+}
+
+/// The digits after a decimal point: `value / scale` is the fraction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Fraction {
+    value: u64,
+    scale: f64,
+    /// Digits read, including those past the precision kept.
+    digits: usize,
+}
+
+impl Fraction {
+    /// No fraction written.
+    const NONE: Self = Self {
+        value: 0,
+        scale: 1.0,
+        digits: 0,
+    };
+}
+
+/// The decimal digits at the start of `s`, as a fraction; digits past what [`DURATION_LIMIT`]
+/// can hold are read but do not count.
+fn leading_fraction(s: &str) -> Fraction {
+    let mut f = Fraction {
+        digits: s.bytes().take_while(u8::is_ascii_digit).count(),
+        ..Fraction::NONE
+    };
+    for b in s[..f.digits].bytes() {
+        match f
+            .value
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(b - b'0')))
+        {
+            Some(v) if v <= DURATION_LIMIT => {
+                f.value = v;
+                f.scale *= 10.0;
+            }
+            _ => break, // further digits do not matter
+        }
+    }
+    f
+}
+
+/// Nanoseconds of a unit of a duration; `None` for an unknown one.
+fn unit_nanos(unit: &str) -> Option<u64> {
+    Some(match unit {
+        "ns" => 1,
+        "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60 * 1_000_000_000,
+        "h" => 3_600 * 1_000_000_000,
+        _ => return None,
+    })
+}
+
+/// `whole.fraction` units in nanoseconds (the fraction's part rounded down); `None` above
+/// [`DURATION_LIMIT`].
+fn term_nanos(whole: u64, fraction: Fraction, unit: u64) -> Option<u64> {
+    let v = whole.checked_mul(unit).filter(|v| *v <= DURATION_LIMIT)?;
+    if fraction.value == 0 {
+        return Some(v);
+    }
+    v.checked_add((fraction.value as f64 * (unit as f64 / fraction.scale)) as u64)
+        .filter(|v| *v <= DURATION_LIMIT)
 }
 
 /// Why [`parse_go_duration`] rejected a value (Go's wording).
@@ -512,6 +560,45 @@ mod tests {
             let got = parse_go_duration(text).map_err(|e| e.to_string());
             assert_eq!(got, want.map_err(str::to_owned), "{text}");
         }
+    }
+
+    #[test]
+    fn a_durations_number_is_read_digit_by_digit_up_to_two_to_the_63() {
+        assert_eq!(leading_int("123s"), Some((123, 3)));
+        assert_eq!(leading_int(".5s"), Some((0, 0)));
+        assert_eq!(
+            leading_int("9223372036854775808ns"),
+            Some((DURATION_LIMIT, 19))
+        );
+        assert_eq!(leading_int("9223372036854775809ns"), None);
+        let f = leading_fraction("25s");
+        assert_eq!((f.value, f.scale, f.digits), (25, 100.0, 2));
+        assert_eq!(leading_fraction("s"), Fraction::NONE);
+        // Digits past 2^63 are consumed but not counted.
+        let f = leading_fraction("99999999999999999999h");
+        assert_eq!(
+            (f.value, f.scale, f.digits),
+            (999_999_999_999_999_999, 1e18, 20)
+        );
+    }
+
+    #[test]
+    fn a_durations_term_is_its_whole_units_plus_its_fraction_rounded_down() {
+        let half = leading_fraction("5");
+        assert_eq!(unit_nanos("ms"), Some(1_000_000));
+        assert_eq!(unit_nanos("\u{b5}s"), unit_nanos("us"));
+        assert_eq!(unit_nanos("d"), None);
+        assert_eq!(term_nanos(1, half, 1_000_000_000), Some(1_500_000_000));
+        assert_eq!(term_nanos(0, leading_fraction("9"), 1), Some(0));
+        assert_eq!(
+            term_nanos(2_562_048, Fraction::NONE, 3_600_000_000_000),
+            None
+        );
+        assert_eq!(duration_term("1m30s", "1m30s"), Ok((60_000_000_000, "30s")));
+        assert_eq!(
+            duration_term("5", "1h5"),
+            Err(DurationError::MissingUnit("1h5".into()))
+        );
     }
 
     #[test]
