@@ -58,81 +58,117 @@ pub fn parse_from<I: IntoIterator<Item = String>>(argv: I) -> Result<Parsed, Err
     // The boolean flag just before, given without `=`: a `false` after it is a mistake.
     let mut bare_bool: Option<&str> = None;
     while let Some(arg) = rest.get(i) {
-        // A lone `-` or anything not starting with `-` is a positional argument: stop.
-        if arg.len() < 2 || !arg.starts_with('-') {
-            return positional(&argv0, arg, bare_bool);
-        }
-        let body = match arg.strip_prefix("--") {
-            // `--` ends the flags; nothing may follow it.
-            Some("") => match rest.get(i + 1) {
+        let (name, inline) = match token(arg) {
+            Token::Positional => return positional(&argv0, arg, bare_bool),
+            // Nothing may follow `--`.
+            Token::End => match rest.get(i + 1) {
                 Some(next) => return positional(&argv0, next, None),
                 None => break,
             },
-            Some(body) => body,
-            None => &arg[1..],
+            Token::BadSyntax => {
+                return Err(usage_error(&argv0, format!("bad flag syntax: {arg}")));
+            }
+            Token::Flag { name, inline } => (name, inline),
+        };
+        i += 1;
+        let Some(flag) = FLAGS.iter().find(|f| f.name == name) else {
+            return unknown_flag(&argv0, name);
         };
         bare_bool = None;
-        if body.is_empty() || body.starts_with('-') || body.starts_with('=') {
-            return Err(usage_error(&argv0, format!("bad flag syntax: {arg}")));
-        }
-        i += 1;
-        let (name, inline) = match body.split_once('=') {
-            Some((name, value)) => (name, Some(value)),
-            None => (body, None),
-        };
-        let Some(flag) = FLAGS.iter().find(|f| f.name == name) else {
-            if name == "help" || name == "h" {
-                return Ok(Parsed::Exit {
-                    code: 0,
-                    stdout: String::new(),
-                    stderr: usage(&argv0),
-                });
-            }
-            return Err(usage_error(
-                &argv0,
-                format!("flag provided but not defined: -{name}"),
-            ));
-        };
-        match flag.kind {
-            Kind::Bool => {
+        let value = match (flag.kind, inline) {
+            (Kind::Bool, _) => {
                 if inline.is_none() {
                     bare_bool = Some(flag.name);
                 }
-                let value = inline.unwrap_or("true");
-                if let Err(err) = (flag.set)(&mut state, value) {
-                    let message = match inline {
-                        Some(_) => format!("invalid boolean value {value:?} for -{name}: {err}"),
-                        None => format!("invalid boolean flag {name}: {err}"),
-                    };
+                inline.unwrap_or("true")
+            }
+            (Kind::Value(_), Some(value)) => value,
+            (Kind::Value(_), None) => match rest.get(i) {
+                Some(value) => {
+                    i += 1;
+                    value.as_str()
+                }
+                None => {
+                    let message = format!("flag needs an argument: -{name}");
                     return Err(usage_error(&argv0, message));
                 }
-            }
-            Kind::Value(_) => {
-                let value = match inline {
-                    Some(value) => value,
-                    None => match rest.get(i) {
-                        Some(value) => {
-                            i += 1;
-                            value.as_str()
-                        }
-                        None => {
-                            return Err(usage_error(
-                                &argv0,
-                                format!("flag needs an argument: -{name}"),
-                            ));
-                        }
-                    },
-                };
-                if let Err(err) = (flag.set)(&mut state, value) {
-                    return Err(usage_error(
-                        &argv0,
-                        format!("invalid value {value:?} for flag -{name}: {err}"),
-                    ));
-                }
-            }
+            },
+        };
+        if let Err(err) = (flag.set)(&mut state, value) {
+            let message = invalid_value(flag.kind, name, inline, value, &err);
+            return Err(usage_error(&argv0, message));
         }
     }
     state.finish(&argv0)
+}
+
+/// What one argument is, to the flag loop.
+#[derive(Debug, PartialEq, Eq)]
+enum Token<'a> {
+    /// A lone `-` or a word not starting with `-`: flags end here.
+    Positional,
+    /// `--`: the flags end.
+    End,
+    /// `---x`, `-=x` and the like.
+    BadSyntax,
+    /// `-name`, `--name`, `-name=value` or `--name=value`.
+    Flag {
+        /// The flag's name.
+        name: &'a str,
+        /// The value after `=`, if any.
+        inline: Option<&'a str>,
+    },
+}
+
+/// Reads one argument as Go's `flag` package does: one or two dashes, a name, an optional
+/// `=value`.
+fn token(arg: &str) -> Token<'_> {
+    if arg.len() < 2 || !arg.starts_with('-') {
+        return Token::Positional;
+    }
+    let body = match arg.strip_prefix("--") {
+        Some("") => return Token::End,
+        Some(body) => body,
+        None => &arg[1..],
+    };
+    if body.is_empty() || body.starts_with('-') || body.starts_with('=') {
+        return Token::BadSyntax;
+    }
+    match body.split_once('=') {
+        Some((name, value)) => Token::Flag {
+            name,
+            inline: Some(value),
+        },
+        None => Token::Flag {
+            name: body,
+            inline: None,
+        },
+    }
+}
+
+/// A flag not in [`FLAGS`]: `-h` and `-help` print the usage, any other is a usage error.
+fn unknown_flag(argv0: &str, name: &str) -> Result<Parsed, Error> {
+    if name == "help" || name == "h" {
+        return Ok(Parsed::Exit {
+            code: 0,
+            stdout: String::new(),
+            stderr: usage(argv0),
+        });
+    }
+    Err(usage_error(
+        argv0,
+        format!("flag provided but not defined: -{name}"),
+    ))
+}
+
+/// Go's message for a value its flag refused (`inline`: the value came after `=`; a boolean
+/// without one was set to `true`).
+fn invalid_value(kind: Kind, name: &str, inline: Option<&str>, value: &str, err: &str) -> String {
+    match (kind, inline) {
+        (Kind::Bool, Some(_)) => format!("invalid boolean value {value:?} for -{name}: {err}"),
+        (Kind::Bool, None) => format!("invalid boolean flag {name}: {err}"),
+        (Kind::Value(_), _) => format!("invalid value {value:?} for flag -{name}: {err}"),
+    }
 }
 
 /// The subcommands, as a first argument (`help` is also `--help`).
@@ -418,6 +454,47 @@ mod tests {
         let ignored = text.find("Accepted and ignored").expect("ignored group");
         assert!(text[ignored..].contains("-logtostderr"), "{text}");
         assert!(!text[..ignored].contains("-logtostderr"), "{text}");
+    }
+
+    #[test]
+    fn arguments_read_as_go_reads_them() {
+        let flag = |name, inline| Token::Flag { name, inline };
+        assert_eq!(token("-v"), flag("v", None));
+        assert_eq!(token("--timeout=15s"), flag("timeout", Some("15s")));
+        assert_eq!(token("-labels=a=b"), flag("labels", Some("a=b")));
+        assert_eq!(token("-x="), flag("x", Some("")));
+        assert_eq!(token("--"), Token::End);
+        for word in ["-", "status", "", "false"] {
+            assert_eq!(token(word), Token::Positional, "{word:?}");
+        }
+        for bad in ["---x", "-=x", "--=x"] {
+            assert_eq!(token(bad), Token::BadSyntax, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_refused_value_is_worded_as_go_words_it() {
+        let err = "parse error";
+        assert_eq!(
+            invalid_value(Kind::Bool, "leader-election", Some("yes"), "yes", err),
+            "invalid boolean value \"yes\" for -leader-election: parse error"
+        );
+        assert_eq!(
+            invalid_value(Kind::Bool, "leader-election", None, "true", err),
+            "invalid boolean flag leader-election: parse error"
+        );
+        assert_eq!(
+            invalid_value(Kind::Value("duration"), "timeout", None, "5", err),
+            "invalid value \"5\" for flag -timeout: parse error"
+        );
+        assert!(matches!(
+            unknown_flag("a", "help"),
+            Ok(Parsed::Exit { code: 0, .. })
+        ));
+        let Err(Error::Usage { message, .. }) = unknown_flag("a", "nope") else {
+            panic!("a usage error");
+        };
+        assert_eq!(message, "flag provided but not defined: -nope");
     }
 
     #[test]
