@@ -351,87 +351,36 @@ fn ipv4_fields<'a>(_whole: &[u8], s: &'a [u8], fields: &mut [u8]) -> Result<(), 
 
 /// `parseIPv6`: only whether it parses (the address itself is not needed).
 fn parse_ipv6(input: &[u8]) -> Result<(), AddrError<'_>> {
-    let mut s = input;
-    let mut zone: &[u8] = &[];
-    if let Some(i) = s.iter().position(|&c| c == b'%') {
-        zone = &input[i + 1..];
-        s = &input[..i];
-        if zone.is_empty() {
-            return Err(("zone must be a non-empty string", None));
-        }
-    }
-    let mut ellipsis: Option<usize> = None;
-    if s.len() >= 2 && s[0] == b':' && s[1] == b':' {
-        ellipsis = Some(0);
+    let mut s = without_zone(input)?;
+    // Whether a `::` has been read (where it stands does not matter when not expanding it).
+    let mut ellipsis = false;
+    if s.starts_with(b"::") {
+        ellipsis = true;
         s = &s[2..];
         if s.is_empty() {
             return Ok(());
         }
     }
+    // Bytes of the address read so far: two per group, four for an embedded IPv4 address.
     let mut i = 0;
     while i < 16 {
-        let mut off = 0;
-        let mut acc = 0u32;
-        while off < s.len() {
-            let c = s[off];
-            let Some(d) = (c as char).to_digit(16) else {
-                break;
-            };
-            acc = (acc << 4) + d;
-            if off > 3 {
-                return Err(("each group must have 4 or less digits", Some(s)));
-            }
-            if acc > 0xffff {
-                return Err(("IPv6 field has value >=2^16", Some(s)));
-            }
-            off += 1;
-        }
-        if off == 0 {
-            return Err((
-                "each colon-separated field must have at least one digit",
-                Some(s),
-            ));
-        }
-        if off < s.len() && s[off] == b'.' {
-            if ellipsis.is_none() && i != 12 {
-                return Err((
-                    "embedded IPv4 address must replace the final 2 fields of the address",
-                    Some(s),
-                ));
-            }
-            if i + 4 > 16 {
-                return Err((
-                    "too many hex fields to fit an embedded IPv4 at the end of the address",
-                    Some(s),
-                ));
-            }
-            let end = if zone.is_empty() {
-                input.len()
-            } else {
-                input.len() - zone.len() - 1
-            };
-            ipv4_fields(input, &input[end - s.len()..end], &mut [0; 4])?;
+        let digits = hex_group(s)?;
+        if s.get(digits) == Some(&b'.') {
+            embedded_ipv4_fits(s, ellipsis, i)?;
+            ipv4_fields(input, s, &mut [0; 4])?;
             s = &[];
             i += 4;
             break;
         }
         i += 2;
-        s = &s[off..];
+        s = &s[digits..];
         if s.is_empty() {
             break;
         }
-        if s[0] != b':' {
-            return Err(("unexpected character, want colon", Some(s)));
-        } else if s.len() == 1 {
-            return Err(("colon must be followed by more characters", Some(s)));
-        }
-        s = &s[1..];
-        if s[0] == b':' {
-            if ellipsis.is_some() {
-                return Err(("multiple :: in address", Some(s)));
-            }
-            ellipsis = Some(i);
-            s = &s[1..];
+        let (rest, double) = separator(s, ellipsis)?;
+        s = rest;
+        if double {
+            ellipsis = true;
             if s.is_empty() {
                 break;
             }
@@ -440,9 +389,83 @@ fn parse_ipv6(input: &[u8]) -> Result<(), AddrError<'_>> {
     if !s.is_empty() {
         return Err(("trailing garbage after address", Some(s)));
     }
-    match (i < 16, ellipsis) {
-        (true, None) => Err(("address string too short", None)),
-        (false, Some(_)) => Err(("the :: must expand to at least one field of zeros", None)),
+    fills_sixteen_bytes(i, ellipsis)
+}
+
+/// The address without its `%zone`; a `%` must be followed by a zone.
+fn without_zone(input: &[u8]) -> Result<&[u8], AddrError<'_>> {
+    match input.iter().position(|&c| c == b'%') {
+        Some(i) if i + 1 == input.len() => Err(("zone must be a non-empty string", None)),
+        Some(i) => Ok(&input[..i]),
+        None => Ok(input),
+    }
+}
+
+/// How many hexadecimal digits start `s`: one to four, for a value below 2^16.
+fn hex_group(s: &[u8]) -> Result<usize, AddrError<'_>> {
+    let mut acc = 0u32;
+    let mut off = 0;
+    while let Some(d) = s.get(off).and_then(|&c| (c as char).to_digit(16)) {
+        acc = (acc << 4) + d;
+        if off > 3 {
+            return Err(("each group must have 4 or less digits", Some(s)));
+        }
+        if acc > 0xffff {
+            return Err(("IPv6 field has value >=2^16", Some(s)));
+        }
+        off += 1;
+    }
+    if off == 0 {
+        return Err((
+            "each colon-separated field must have at least one digit",
+            Some(s),
+        ));
+    }
+    Ok(off)
+}
+
+/// An IPv4 address `s` embedded after `filled` bytes of groups must be the last four bytes
+/// (or follow a `::`, which makes room for it).
+fn embedded_ipv4_fits(s: &[u8], ellipsis: bool, filled: usize) -> Result<(), AddrError<'_>> {
+    if !ellipsis && filled != 12 {
+        return Err((
+            "embedded IPv4 address must replace the final 2 fields of the address",
+            Some(s),
+        ));
+    }
+    if filled + 4 > 16 {
+        return Err((
+            "too many hex fields to fit an embedded IPv4 at the end of the address",
+            Some(s),
+        ));
+    }
+    Ok(())
+}
+
+/// The `:` or `::` that starts `s` (after a group): what follows it, and whether it is `::`
+/// (at most one in an address: `ellipsis` says one was read).
+fn separator(s: &[u8], ellipsis: bool) -> Result<(&[u8], bool), AddrError<'_>> {
+    if s[0] != b':' {
+        return Err(("unexpected character, want colon", Some(s)));
+    } else if s.len() == 1 {
+        return Err(("colon must be followed by more characters", Some(s)));
+    }
+    let s = &s[1..];
+    if s[0] != b':' {
+        return Ok((s, false));
+    }
+    if ellipsis {
+        return Err(("multiple :: in address", Some(s)));
+    }
+    Ok((&s[1..], true))
+}
+
+/// Whether `filled` bytes make a whole address: all sixteen without `::`, fewer with it (it
+/// stands for at least one group of zeros).
+fn fills_sixteen_bytes(filled: usize, ellipsis: bool) -> Result<(), AddrError<'static>> {
+    match (filled < 16, ellipsis) {
+        (true, false) => Err(("address string too short", None)),
+        (false, true) => Err(("the :: must expand to at least one field of zeros", None)),
         _ => Ok(()),
     }
 }
@@ -458,6 +481,42 @@ mod tests {
         assert_eq!(quote("é日".as_bytes()), "\"é日\"");
         assert_eq!(quote("\u{a0}\u{85}".as_bytes()), r#""\u00a0\u0085""#);
         assert_eq!(quote(b"%\xe6"), r#""%\xe6""#);
+    }
+
+    #[test]
+    fn an_ipv6_address_is_read_group_by_group() {
+        assert_eq!(without_zone(b"fe80::1%eth0"), Ok(&b"fe80::1"[..]));
+        assert_eq!(without_zone(b"::1"), Ok(&b"::1"[..]));
+        assert_eq!(
+            without_zone(b"::1%"),
+            Err(("zone must be a non-empty string", None))
+        );
+        assert_eq!(hex_group(b"fe80::1"), Ok(4));
+        assert_eq!(hex_group(b"0:1"), Ok(1));
+        assert_eq!(
+            hex_group(b"12345"),
+            Err(("each group must have 4 or less digits", Some(&b"12345"[..])))
+        );
+        assert!(hex_group(b":1").is_err());
+        assert_eq!(separator(b":1", false), Ok((&b"1"[..], false)));
+        assert_eq!(separator(b"::1", false), Ok((&b"1"[..], true)));
+        assert_eq!(separator(b"::", false), Ok((&b""[..], true)));
+        assert_eq!(
+            separator(b"::1", true),
+            Err(("multiple :: in address", Some(&b":1"[..])))
+        );
+        assert_eq!(
+            separator(b"x", false),
+            Err(("unexpected character, want colon", Some(&b"x"[..])))
+        );
+        assert!(embedded_ipv4_fits(b"1.2.3.4", false, 12).is_ok());
+        assert!(embedded_ipv4_fits(b"1.2.3.4", true, 2).is_ok());
+        assert!(embedded_ipv4_fits(b"1.2.3.4", false, 10).is_err());
+        assert!(embedded_ipv4_fits(b"1.2.3.4", true, 14).is_err());
+        assert!(fills_sixteen_bytes(16, false).is_ok());
+        assert!(fills_sixteen_bytes(14, true).is_ok());
+        assert!(fills_sixteen_bytes(14, false).is_err());
+        assert!(fills_sixteen_bytes(16, true).is_err());
     }
 
     #[test]
