@@ -4,13 +4,15 @@
 //!
 //! The parts: this module holds the slot ([`Driver`]: its state, its queues, the events the
 //! router delivers); [`context`] what every driver shares; `life` the connect-probe-register
-//! cycle; `term` one election term, a loop over the pure decisions of `term_course`; `workers` the workers and the reconciler; `key_locks` the per-key exclusion
+//! cycle and `term` one election term, each a loop over the pure decisions of `life_course` and
+//! `term_course`; `workers` the workers and the reconciler; `key_locks` the per-key exclusion
 //! between the attach and the detach pool; [`panic_guard`] a panic in a sync or a task turned
 //! into an error with its message.
 
 pub mod context;
 mod key_locks;
 mod life;
+mod life_course;
 pub mod panic_guard;
 #[cfg(test)]
 mod rig;
