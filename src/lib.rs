@@ -52,7 +52,7 @@
 //!
 //! ```text
 //! app: cli, config, csi, hub, leader, status, telemetry
-//! hub: api_error, config, controller, csi, http, k8s, leader, metrics, names, queue, random, telemetry
+//! hub: api_error, backoff, config, controller, csi, http, k8s, leader, metrics, names, queue, random, telemetry
 //! status: api_error, cli, k8s
 //! config: cli, csi, k8s, leader, names
 //! controller: csi, k8s, names

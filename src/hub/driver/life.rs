@@ -1,15 +1,21 @@
 //! One driver's life: connect, probe, learn its name and capabilities, register, then hold (or
 //! wait for) its Lease term after term; start over when the connection drops or a step fails.
+//! What to make of the driver's answers, and how long to pause between lives and between terms,
+//! are the pure decisions of `life_course`.
 
 use std::{sync::Arc, time::Duration};
 
+use tokio::sync::watch;
 use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::Instrument;
 
 use super::{
-    Driver, Origin, State,
+    Driver, State,
     context::Shared,
-    term::{GuardFeed, Outcome, Term},
+    life_course::{
+        Capable, Restarts, capable, hand_over_pause, is_node_plugin, step_down_pause, wrong_name,
+    },
+    term::{GuardFeed, Outcome, Term, stop_or_loss},
 };
 use crate::{
     controller::{
@@ -24,35 +30,24 @@ use crate::{
     random::random_unit,
 };
 
-/// First pause after a failed start-up step of a driver.
-const RESTART_BACKOFF_START: Duration = Duration::from_secs(1);
-
-/// Longest pause between start-up attempts of a failing driver.
-const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
-
 /// Where a container writes why it died (read by the kubelet).
 const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The connection's cross-namespace Lease guard (with leader election): what its terms see of
+/// it, and its task (aborted when dropped, like the elector, so a panic in the driver's task
+/// ends it too).
+type GuardRun = (Option<GuardFeed>, Option<AbortOnDropHandle<()>>);
 
 impl Driver {
     /// Runs the driver until `stop` is cancelled: connect, probe, register,
     /// lead, work; start over on connection loss or a failed step.
     pub async fn run(self: Arc<Self>, shared: Arc<Shared>, stop: CancellationToken) {
-        let mut backoff = RESTART_BACKOFF_START;
+        let mut restarts = Restarts::new();
         loop {
             let started = tokio::time::Instant::now();
             let outcome = self.clone().run_once(&shared, &stop).await;
-            if let Some(name) = self.name() {
-                shared.names.unregister(&name, &self);
-                // The Lease feed served every term of this connection; a new connection (maybe
-                // to a driver of another name) starts a new one.
-                shared.lease_feeds.remove(&crate::names::lease_name(&name));
-            }
-            // A life that lasted starts the next one at the first pause again; a socket that
-            // accepts and drops connections at once, or a step that keeps failing, is retried
-            // ever more slowly, never in a hot loop.
-            if started.elapsed() >= RESTART_BACKOFF_MAX {
-                backoff = RESTART_BACKOFF_START;
-            }
+            self.forget_name(&shared);
+            let pause = restarts.after_life(started.elapsed());
             match outcome {
                 Outcome::Stopped => {
                     self.set_state(State::Stopped);
@@ -65,7 +60,7 @@ impl Driver {
                         let _ = std::fs::write(TERMINATION_LOG, msg);
                         std::process::exit(1);
                     }
-                    tracing::warn!(pause = ?backoff, "lost connection to the CSI driver; reconnecting");
+                    tracing::warn!(pause = ?pause, "lost connection to the CSI driver; reconnecting");
                     self.record_error(None, "lost connection to the CSI driver".into());
                     self.set_state(State::Connecting);
                 }
@@ -76,83 +71,47 @@ impl Driver {
                     self.set_state(State::Stopped);
                     return;
                 }
-                () = tokio::time::sleep(backoff) => {}
+                () = tokio::time::sleep(pause) => {}
             }
-            backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
         }
     }
 
+    /// After a life: the driver's name is free for another slot, and its Lease feed goes.
+    fn forget_name(self: &Arc<Self>, shared: &Shared) {
+        if let Some(name) = self.name() {
+            shared.names.unregister(&name, self);
+            // The Lease feed served every term of this connection; a new connection (maybe
+            // to a driver of another name) starts a new one.
+            shared.lease_feeds.remove(&crate::names::lease_name(&name));
+        }
+    }
+
+    /// One life: connect, learn the driver's name and capabilities, register the name, and
+    /// serve the driver until the connection or a step ends it.
     async fn run_once(self: Arc<Self>, shared: &Arc<Shared>, stop: &CancellationToken) -> Outcome {
         self.set_state(State::Connecting);
-        let connection = tokio::select! {
-            () = stop.cancelled() => return Outcome::Stopped,
-            c = Connection::connect_reporting(self.settings.address.clone(), None, |cause| {
-                self.record_error(None, cause.to_owned());
-            }) => match c {
-                Ok(c) => c,
-                Err(e) => return Outcome::Failed(e.to_string()),
-            },
+        let connection = match self.connect(stop).await {
+            Ok(c) => c,
+            Err(outcome) => return outcome,
         };
         let mut losses = connection.losses();
         losses.mark_unchanged();
         let mut client = DriverClient::new(&connection, CallMetrics::new(shared.csi_ops.clone()))
             .with_max_log_length(shared.max_grpc_log_length);
-
-        self.set_state(State::NotReady);
-        let ready = tokio::select! {
-            () = stop.cancelled() => return Outcome::Stopped,
-            _ = losses.changed() => return Outcome::ConnectionLost,
-            r = csi::probe::probe_until_ready(&client, self.settings.timeout) => r,
-        };
-        if let Err(e) = ready {
-            return Outcome::Failed(format!("probe failed: {e}"));
-        }
-        let name = match csi::probe::plugin_name(&client).await {
+        let name = match self.identify(&client, stop, &mut losses).await {
             Ok(n) => n,
-            Err(e) => return Outcome::Failed(format!("GetPluginInfo failed: {e}")),
+            Err(outcome) => return outcome,
         };
-        if let Some(expected) = &self.settings.expected_name
-            && *expected != name
-        {
-            return Outcome::Failed(format!(
-                "driver at {} reports name {name:?}, but the configuration expects {expected:?}",
-                self.settings.address
-            ));
-        }
         client
             .metrics_mut()
             .set_driver(&name, is_migration_driver(&name));
-        let caps = match csi::probe::capabilities(&client).await {
-            Ok(c) => c,
-            // A discovered node plugin that offers the controller service without serving it
-            // (discovery tells these apart before it serves a socket; this is the driver
-            // changing its answers since).
-            Err(e)
-                if self.origin == Origin::Discovered && e.code() == tonic::Code::Unimplemented =>
-            {
-                tracing::info!(driver = %name, error = %e, "discovered socket does not serve the controller service it offers; recording it as a node plugin");
-                self.info.write().name = Some(name.clone());
-                self.set_state(State::NoControllerService);
-                return tokio::select! {
-                    () = stop.cancelled() => Outcome::Stopped,
-                    _ = losses.changed() => Outcome::ConnectionLost,
-                };
-            }
-            Err(e) => return Outcome::Failed(format!("capability detection failed: {e}")),
-        };
+        let caps = match self
+            .learn_capabilities(&client, &name, stop, &mut losses)
+            .await
         {
-            let mut info = self.info.write();
-            info.name = Some(name.clone());
-            info.capabilities = Some(caps);
-        }
-        if self.origin == Origin::Discovered && !caps.controller_service {
-            tracing::info!(driver = %name, "discovered socket has no controller service; recording it as a node plugin");
-            self.set_state(State::NoControllerService);
-            return tokio::select! {
-                () = stop.cancelled() => Outcome::Stopped,
-                _ = losses.changed() => Outcome::ConnectionLost,
-            };
-        }
+            Ok(c) => c,
+            Err(outcome) => return outcome,
+        };
         if let Err(reason) = shared.names.register(&name, &self) {
             return Outcome::Failed(reason);
         }
@@ -167,6 +126,75 @@ impl Driver {
             .await
     }
 
+    /// Connects to the driver's socket (each failed attempt shown as the driver's error).
+    async fn connect(&self, stop: &CancellationToken) -> Result<Connection, Outcome> {
+        tokio::select! {
+            () = stop.cancelled() => Err(Outcome::Stopped),
+            c = Connection::connect_reporting(self.settings.address.clone(), None, |cause| {
+                self.record_error(None, cause.to_owned());
+            }) => c.map_err(|e| Outcome::Failed(e.to_string())),
+        }
+    }
+
+    /// Waits for the driver to be ready, and reads its name: the one configured, if any.
+    async fn identify(
+        &self,
+        client: &DriverClient,
+        stop: &CancellationToken,
+        losses: &mut watch::Receiver<u64>,
+    ) -> Result<String, Outcome> {
+        self.set_state(State::NotReady);
+        let ready = tokio::select! {
+            () = stop.cancelled() => return Err(Outcome::Stopped),
+            _ = losses.changed() => return Err(Outcome::ConnectionLost),
+            r = csi::probe::probe_until_ready(client, self.settings.timeout) => r,
+        };
+        if let Err(e) = ready {
+            return Err(Outcome::Failed(format!("probe failed: {e}")));
+        }
+        let name = csi::probe::plugin_name(client)
+            .await
+            .map_err(|e| Outcome::Failed(format!("GetPluginInfo failed: {e}")))?;
+        let expected = self.settings.expected_name.as_deref();
+        match wrong_name(expected, &name, &self.settings.address) {
+            Some(reason) => Err(Outcome::Failed(reason)),
+            None => Ok(name),
+        }
+    }
+
+    /// Reads the driver's capabilities and shows them with its name. A node plugin is recorded
+    /// as one, and its life goes on without serving it until it stops or its connection goes
+    /// (the life's outcome then).
+    async fn learn_capabilities(
+        &self,
+        client: &DriverClient,
+        name: &str,
+        stop: &CancellationToken,
+        losses: &mut watch::Receiver<u64>,
+    ) -> Result<Capabilities, Outcome> {
+        let caps = match capable(self.origin, csi::probe::capabilities(client).await) {
+            Capable::Known(caps) => caps,
+            Capable::Unserved(e) => {
+                tracing::info!(driver = %name, error = %e, "discovered socket does not serve the controller service it offers; recording it as a node plugin");
+                self.info.write().name = Some(name.to_string());
+                self.set_state(State::NoControllerService);
+                return Err(stop_or_loss(stop, losses).await);
+            }
+            Capable::Failed(reason) => return Err(Outcome::Failed(reason)),
+        };
+        {
+            let mut info = self.info.write();
+            info.name = Some(name.to_string());
+            info.capabilities = Some(caps);
+        }
+        if is_node_plugin(self.origin, &caps) {
+            tracing::info!(driver = %name, "discovered socket has no controller service; recording it as a node plugin");
+            self.set_state(State::NoControllerService);
+            return Err(stop_or_loss(stop, losses).await);
+        }
+        Ok(caps)
+    }
+
     /// Holds (or waits for) the Lease and runs the workers while leading.
     /// When the hub asks this replica to hand the driver over (leadership
     /// balancing), the Lease is vacated and the election starts again. With leader election, the
@@ -179,76 +207,75 @@ impl Driver {
         name: &str,
         caps: Capabilities,
         client: DriverClient,
-        mut losses: tokio::sync::watch::Receiver<u64>,
+        mut losses: watch::Receiver<u64>,
     ) -> Outcome {
         let handler = Arc::new(self.build_handler(shared, name, caps, client));
         *self.connected.write() = Some(handler.clone());
         let guard_stop = stop.child_token();
-        let (mut feed, guard_task) = match &self.settings.leader_election {
-            Some(le) => {
-                let guard = Guard::new(
-                    kube::Api::all(shared.leader_client.clone()),
-                    crate::names::lease_name(name),
-                    le.namespace.clone(),
-                    le.identity.clone(),
-                    le.retry_period,
-                    le.lease_duration,
-                    Some(shared.renew_grid),
-                );
-                // Aborted with this future, like the elector (a panic in the driver's task).
-                let task = AbortOnDropHandle::new(guard.spawn(guard_stop.clone()));
-                *self.lease_guard.write() = Some(guard.view());
-                let feed = GuardFeed {
-                    view: guard.view(),
-                    guard,
-                };
-                (Some(feed), Some(task))
-            }
-            None => (None, None),
-        };
+        let (mut feed, guard_task) = self.start_guard(shared, name, &guard_stop);
         let outcome = loop {
-            match self
+            let term = self
                 .clone()
                 .serve_term(shared, stop, name, &handler, &mut losses, feed.as_mut())
-                .await
-            {
+                .await;
+            let pause = match term {
                 Term::Over(outcome) => break outcome,
                 Term::HandedOver => {
                     tracing::info!("handed the driver over to another replica");
-                    // Give the others a retry period to pick the Lease up
-                    // before this replica competes for it again.
-                    let pause = self
-                        .settings
-                        .leader_election
-                        .as_ref()
-                        .map_or(Duration::ZERO, |le| le.retry_period);
-                    tokio::select! {
-                        () = stop.cancelled() => break Outcome::Stopped,
-                        _ = losses.changed() => break Outcome::ConnectionLost,
-                        () = tokio::time::sleep(pause) => {}
-                    }
+                    let le = self.settings.leader_election.as_ref();
+                    hand_over_pause(le.map(|le| le.retry_period))
                 }
                 Term::Yielded(holder) => {
-                    // Stand again only after a random pause of one to two lease durations: two
-                    // guarded hubs that started leading at once in two namespaces step down
-                    // together, and the pause lets one of them lead first, which the other's
-                    // guard then sees.
-                    let pause = self
-                        .settings
-                        .leader_election
-                        .as_ref()
-                        .map_or(Duration::ZERO, |le| {
-                            le.lease_duration.mul_f64(1.0 + random_unit())
-                        });
+                    let le = self.settings.leader_election.as_ref();
+                    let pause = le.map_or(Duration::ZERO, |le| {
+                        step_down_pause(le.lease_duration, random_unit())
+                    });
                     tracing::info!(other_namespace = %holder.namespace, holder = %holder.holder, ?pause, "stepped down for the holder of the Lease in another namespace");
-                    tokio::select! {
-                        () = stop.cancelled() => break Outcome::Stopped,
-                        _ = losses.changed() => break Outcome::ConnectionLost,
-                        () = tokio::time::sleep(pause) => {}
-                    }
+                    pause
                 }
+            };
+            tokio::select! {
+                () = stop.cancelled() => break Outcome::Stopped,
+                _ = losses.changed() => break Outcome::ConnectionLost,
+                () = tokio::time::sleep(pause) => {}
             }
         };
+        self.end_connection(&guard_stop, guard_task).await;
+        outcome
+    }
+
+    /// Starts the connection's cross-namespace Lease guard, with leader election; it runs
+    /// until `guard_stop`.
+    fn start_guard(&self, shared: &Shared, name: &str, guard_stop: &CancellationToken) -> GuardRun {
+        let Some(le) = &self.settings.leader_election else {
+            return (None, None);
+        };
+        let guard = Guard::new(
+            kube::Api::all(shared.leader_client.clone()),
+            crate::names::lease_name(name),
+            le.namespace.clone(),
+            le.identity.clone(),
+            le.retry_period,
+            le.lease_duration,
+            Some(shared.renew_grid),
+        );
+        // Aborted with this future, like the elector (a panic in the driver's task).
+        let task = AbortOnDropHandle::new(guard.spawn(guard_stop.clone()));
+        *self.lease_guard.write() = Some(guard.view());
+        let feed = GuardFeed {
+            view: guard.view(),
+            guard,
+        };
+        (Some(feed), Some(task))
+    }
+
+    /// The end of a connection: its guard stops, and the driver shows neither its guard's view
+    /// nor a handler any more.
+    async fn end_connection(
+        &self,
+        guard_stop: &CancellationToken,
+        guard_task: Option<AbortOnDropHandle<()>>,
+    ) {
         guard_stop.cancel();
         if let Some(task) = guard_task
             && let Err(e) = task.await
@@ -257,7 +284,6 @@ impl Driver {
         }
         *self.lease_guard.write() = None;
         *self.connected.write() = None;
-        outcome
     }
 
     fn build_handler(

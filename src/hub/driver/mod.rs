@@ -4,17 +4,20 @@
 //!
 //! The parts: this module holds the slot ([`Driver`]: its state, its queues, the events the
 //! router delivers); [`context`] what every driver shares; `life` the connect-probe-register
-//! cycle; `term` one election term; `workers` the workers and the reconciler; `key_locks` the
-//! per-key exclusion between the attach and the detach pool; [`panic_guard`] a panic in a sync
-//! or a task turned into an error with its message.
+//! cycle and `term` one election term, each a loop over the pure decisions of `life_course` and
+//! `term_course`; `workers` the workers and the reconciler; `key_locks` the per-key exclusion
+//! between the attach and the detach pool; [`panic_guard`] a panic in a sync or a task turned
+//! into an error with its message.
 
 pub mod context;
 mod key_locks;
 mod life;
+mod life_course;
 pub mod panic_guard;
 #[cfg(test)]
 mod rig;
 mod term;
+mod term_course;
 mod workers;
 
 use std::sync::Arc;
