@@ -6,7 +6,8 @@
 # collects every `crate::<top module>` path in each top module's files (src/<m>.rs and
 # src/<m>/**), test code left out: files declared under `#[cfg(test)]` (like `mod tests;`) and
 # items marked `#[cfg(test)]` (a `mod tests { ... }` block, a `use`, a function). It fails,
-# naming each one, on a use the list does not allow and on a listed use no code makes.
+# naming each one, on a use the list does not allow, on a listed use no code makes, and on a
+# cycle of uses (the layers of src/lib.rs are a DAG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec python3 - "$@" <<'PY'
@@ -184,9 +185,39 @@ def main():
     for a, b in sorted(allowed - set(actual)):
         print(f"{a} -> {b}: listed in src/lib.rs but no longer used; remove it from the list")
         bad += 1
+    cycle = find_cycle(set(actual))
+    if cycle:
+        print("a cycle between top modules: " + " -> ".join(cycle))
+        bad += 1
     if bad:
         sys.exit(1)
     print(f"layers: {len(actual)} uses between {len(listed)} top modules, all as src/lib.rs lists them")
+
+def find_cycle(edges):
+    """A cycle of uses (a list of modules, first = last), or None: the layers must be a DAG."""
+    graph = {}
+    for a, b in edges:
+        graph.setdefault(a, []).append(b)
+    state, path = {}, []
+    def visit(m):
+        state[m] = "open"
+        path.append(m)
+        for n in sorted(graph.get(m, [])):
+            if state.get(n) == "open":
+                return path[path.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        path.pop()
+        state[m] = "done"
+        return None
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
 
 def skip_modules(skip):
     return {os.path.basename(s)[:-3] for s in skip if s.endswith(".rs") and os.path.dirname(s) == SRC}

@@ -30,9 +30,9 @@
 //! subcommand, a client of `/drivers`. The project's mock CSI driver is the
 //! workspace member `crates/mock-csi-driver`, used by the tests only.
 //!
-//! Layers, from the top; a module uses only modules of the layers below it, except for one
-//! cycle: `metrics` reads the Lease guard's view ([`leader::guard`]) for its gauges, `leader`'s
-//! elector spends the driver's API budget ([`k8s::budget`]), and `k8s` reports into `metrics`.
+//! Layers, from the top; a module uses only modules of the layers below it, and no two modules
+//! use each other, even through others (`metrics` shows the Lease guard's view as plain values
+//! the hub hands it, not by reading [`leader::guard`]).
 //!
 //! ```text
 //!  app
@@ -40,9 +40,9 @@
 //!  config
 //!  controller
 //!  cli
-//!  leader ◀───┐
-//!  csi, k8s   │ the one use upward
-//!  metrics ───┘
+//!  leader
+//!  csi, k8s
+//!  metrics
 //!  telemetry, http, queue
 //!  names, random, api_error, backoff
 //! ```
@@ -60,7 +60,7 @@
 //! leader: api_error, k8s, names, random, telemetry
 //! csi: metrics, telemetry
 //! k8s: api_error, metrics, names, random, telemetry
-//! metrics: leader, names
+//! metrics: names
 //! telemetry: api_error
 //! http: -
 //! queue: -

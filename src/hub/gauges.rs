@@ -13,7 +13,8 @@ use super::{
     context::Context,
     driver::{Driver, State},
 };
-use crate::metrics::hub::HubMetrics;
+use crate::leader::guard::{Verdict, View};
+use crate::metrics::hub::{GuardGauge, HubMetrics};
 
 /// How often a waiting backlog is logged (external-attacher #706 asks for 30 s); the gauges are
 /// refreshed then too.
@@ -122,7 +123,7 @@ impl Gauges {
                 let stands_by = d.stands_by_for_live_holder(own.as_ref());
                 held.set(if stands_by { 1.0 } else { 0.0 });
             }
-            metrics.set_lease_guard(&name, d.lease_guard_view().as_ref());
+            metrics.set_lease_guard(&name, d.lease_guard_view().as_ref().map(guard_gauge));
             for ((pool, q), s) in d.queue_depths().into_iter().zip(&mut driver.pools) {
                 let adds = q.adds();
                 s.adds.inc_by(adds.saturating_sub(s.counted));
@@ -152,5 +153,63 @@ pub(crate) async fn retire_and_log(gauges: Arc<Gauges>, stop: CancellationToken)
             () = stop.cancelled() => return,
             _ = tick.tick() => gauges.refresh(true),
         }
+    }
+}
+
+/// The gauges' reading of a Lease guard's view: which other Lease blocks the driver, and
+/// whether the guard could look at all.
+fn guard_gauge(view: &View) -> GuardGauge<'_> {
+    GuardGauge {
+        blocked_by: view
+            .blocked_by()
+            .map(|h| (h.namespace.as_str(), h.holder.as_str())),
+        available: !matches!(view.verdict, Verdict::Unavailable { .. }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::leader::guard::Holder;
+
+    fn view(verdict: Verdict) -> View {
+        View {
+            verdict,
+            renewing: None,
+        }
+    }
+
+    #[test]
+    fn the_gauges_show_the_blocking_lease_and_whether_the_guard_can_look() {
+        assert_eq!(
+            guard_gauge(&view(Verdict::Clear)),
+            GuardGauge {
+                blocked_by: None,
+                available: true
+            }
+        );
+        let blocked = view(Verdict::Blocked {
+            holder: Holder {
+                namespace: "kube-system".into(),
+                holder: "go-1".into(),
+            },
+        });
+        assert_eq!(
+            guard_gauge(&blocked),
+            GuardGauge {
+                blocked_by: Some(("kube-system", "go-1")),
+                available: true
+            }
+        );
+        let unavailable = view(Verdict::Unavailable {
+            reason: "forbidden".into(),
+        });
+        assert_eq!(
+            guard_gauge(&unavailable),
+            GuardGauge {
+                blocked_by: None,
+                available: false
+            }
+        );
     }
 }

@@ -303,6 +303,16 @@ impl LeaseSeries {
     }
 }
 
+/// What the Lease guard of one driver says, as the gauges show it: the guard itself lives with
+/// leader election, which this module does not use (the hub translates).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuardGauge<'a> {
+    /// The namespace and holder of the other Lease that blocks the driver, if one does.
+    pub blocked_by: Option<(&'a str, &'a str)>,
+    /// Whether the guard can read the other namespaces' Leases at all.
+    pub available: bool,
+}
+
 impl HubMetrics {
     /// Creates the series and registers them on `registry`: all of them are created before the
     /// first is registered, then registered in the order of [`HubMetrics::collectors`].
@@ -420,8 +430,7 @@ impl HubMetrics {
     /// Publishes what the cross-namespace Lease guard of `driver` says (`None`: the driver has
     /// no guard, so no series): one `lease_guard_blocked` series, naming the other Lease's
     /// namespace and holder while it blocks, and `lease_guard_available`.
-    pub fn set_lease_guard(&self, driver: &str, view: Option<&crate::leader::guard::View>) {
-        use crate::leader::guard::Verdict;
+    pub fn set_lease_guard(&self, driver: &str, view: Option<GuardGauge<'_>>) {
         let Some(view) = view else {
             if self.guard_shown.lock().remove(driver).is_some() {
                 remove_driver_series(&self.lease_guard_blocked, driver);
@@ -429,9 +438,7 @@ impl HubMetrics {
             }
             return;
         };
-        let (namespace, holder) = view
-            .blocked_by()
-            .map_or(("", ""), |h| (h.namespace.as_str(), h.holder.as_str()));
+        let (namespace, holder) = view.blocked_by.unwrap_or(("", ""));
         let current = [driver, namespace, holder];
         // Keep exactly one series per driver: drop the previous label set when it changes.
         {
@@ -457,15 +464,10 @@ impl HubMetrics {
         }
         self.lease_guard_blocked
             .with_label_values(&current)
-            .set(if view.blocked_by().is_some() {
-                1.0
-            } else {
-                0.0
-            });
-        let available = !matches!(view.verdict, Verdict::Unavailable { .. });
+            .set(if view.blocked_by.is_some() { 1.0 } else { 0.0 });
         self.lease_guard_available
             .with_label_values(&[driver])
-            .set(if available { 1.0 } else { 0.0 });
+            .set(if view.available { 1.0 } else { 0.0 });
     }
 
     /// Where the API budget of `driver` reports its waits; also publishes its limit (`qps`:
@@ -579,27 +581,19 @@ mod tests {
 
     #[test]
     fn the_lease_guard_keeps_one_blocked_series_per_driver_naming_the_other_lease() {
-        use crate::leader::guard::{Holder, Verdict, View};
         let registry = Registry::new();
         let m = HubMetrics::register(&registry).unwrap();
-        let clear = View {
-            verdict: Verdict::Clear,
-            renewing: None,
+        let clear = GuardGauge {
+            blocked_by: None,
+            available: true,
         };
-        let blocked = View {
-            verdict: Verdict::Blocked {
-                holder: Holder {
-                    namespace: "kube-system".into(),
-                    holder: "go-1".into(),
-                },
-            },
-            renewing: None,
+        let blocked = GuardGauge {
+            blocked_by: Some(("kube-system", "go-1")),
+            available: true,
         };
-        let unavailable = View {
-            verdict: Verdict::Unavailable {
-                reason: "forbidden".into(),
-            },
-            renewing: None,
+        let unavailable = GuardGauge {
+            blocked_by: None,
+            available: false,
         };
         let series = |text: &str| {
             text.lines()
@@ -607,7 +601,7 @@ mod tests {
                 .map(str::to_string)
                 .collect::<Vec<_>>()
         };
-        m.set_lease_guard("d", Some(&clear));
+        m.set_lease_guard("d", Some(clear));
         assert_eq!(
             series(&render(&registry)),
             [
@@ -615,7 +609,7 @@ mod tests {
                 r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="",lease_namespace=""} 0"#,
             ]
         );
-        m.set_lease_guard("d", Some(&blocked));
+        m.set_lease_guard("d", Some(blocked));
         assert_eq!(
             series(&render(&registry)),
             [
@@ -623,7 +617,7 @@ mod tests {
                 r#"attacher_hub_lease_guard_blocked{driver_name="d",holder="go-1",lease_namespace="kube-system"} 1"#,
             ]
         );
-        m.set_lease_guard("d", Some(&unavailable));
+        m.set_lease_guard("d", Some(unavailable));
         assert_eq!(
             series(&render(&registry)),
             [

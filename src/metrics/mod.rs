@@ -1,9 +1,9 @@
 //! Prometheus metrics, on one non-global registry created at start-up.
 //!
 //! Series names, labels and buckets follow the Go sidecars so that existing dashboards and
-//! alerts keep working. A low layer: it uses only [`crate::names`] and, for the Lease guard's
-//! gauges, the guard's view of [`crate::leader::guard`]; the CSI client and the API budgets
-//! report into it.
+//! alerts keep working. A low layer: it uses only [`crate::names`]; the CSI client, the API
+//! budgets and the hub (which translates the Lease guard's view into plain gauge values) report
+//! into it.
 //!
 //! * [`csi`] — `csi_sidecar_operations_seconds`, one sample per CSI call;
 //! * [`hub`] — the per-driver series of the hub (queues, leadership, health, latency, budgets);
