@@ -58,7 +58,7 @@
 //! controller: csi, k8s, names
 //! cli: leader, telemetry
 //! leader: api_error, k8s, names, random, telemetry
-//! csi: metrics, telemetry
+//! csi: backoff, metrics, telemetry
 //! k8s: api_error, metrics, names, random, telemetry
 //! metrics: leader, names
 //! telemetry: api_error
