@@ -59,7 +59,7 @@
 //! cli: leader, telemetry
 //! leader: api_error, k8s, names, random, telemetry
 //! csi: backoff, metrics, telemetry
-//! k8s: api_error, metrics, names, random, telemetry
+//! k8s: api_error, backoff, metrics, names, random, telemetry
 //! metrics: leader, names
 //! telemetry: api_error
 //! http: -

@@ -19,6 +19,8 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::backoff::{Backoff, Doubling};
+
 use super::{
     client::WATCH_TIMEOUT,
     lean::{Cached, CsiNode, Pv, Va},
@@ -233,8 +235,8 @@ fn lean_event<K, T: From<K>>(event: watcher::Event<K>) -> watcher::Event<T> {
 /// item, so a reset on success kept every retry at the first pause while the server was away.
 #[derive(Debug)]
 pub(crate) struct WatchBackoff {
-    /// The pause before jitter for the next failure.
-    next: Duration,
+    /// Failures since the backoff last started over, and the pauses (before jitter) they earn.
+    failures: Backoff,
     /// When the last failure came.
     last_failure: Option<tokio::time::Instant>,
 }
@@ -250,9 +252,24 @@ const WATCH_BACKOFF_RESET: Duration = Duration::from_secs(120);
 impl Default for WatchBackoff {
     fn default() -> Self {
         Self {
-            next: WATCH_BACKOFF_MIN,
+            failures: Backoff::new(Doubling::new(WATCH_BACKOFF_MIN, WATCH_BACKOFF_MAX)),
             last_failure: None,
         }
+    }
+}
+
+impl WatchBackoff {
+    /// Counts a failure at `now` and returns its pause before jitter: the doubling starts over
+    /// when the last failure came more than [`WATCH_BACKOFF_RESET`] ago.
+    fn fail_at(&mut self, now: tokio::time::Instant) -> Duration {
+        if self
+            .last_failure
+            .is_some_and(|at| now.duration_since(at) > WATCH_BACKOFF_RESET)
+        {
+            self.failures.reset();
+        }
+        self.last_failure = Some(now);
+        self.failures.fail()
     }
 }
 
@@ -261,16 +278,7 @@ impl Iterator for WatchBackoff {
 
     /// The pause after a failure that happens now.
     fn next(&mut self) -> Option<Duration> {
-        let now = tokio::time::Instant::now();
-        if self
-            .last_failure
-            .is_some_and(|at| now.duration_since(at) > WATCH_BACKOFF_RESET)
-        {
-            self.next = WATCH_BACKOFF_MIN;
-        }
-        self.last_failure = Some(now);
-        let pause = self.next;
-        self.next = (self.next * 2).min(WATCH_BACKOFF_MAX);
+        let pause = self.fail_at(tokio::time::Instant::now());
         // client-go's `wait.Jitter(d, 1.0)`: d + rand·d.
         Some(pause.mul_f64(1.0 + crate::random::random_unit()))
     }
@@ -444,6 +452,30 @@ mod tests {
         // Two minutes without a failure do.
         tokio::time::advance(WATCH_BACKOFF_RESET + Duration::from_millis(1)).await;
         assert!(b.next().expect("pause") < WATCH_BACKOFF_MIN * 2);
+    }
+
+    /// The pauses before jitter: 0.8 s, 1.6 s, then 2 s; a failure exactly two minutes after
+    /// the last one keeps the pace, one later than that starts over.
+    #[test]
+    fn watch_backoff_pauses_before_jitter_double_and_start_over_only_after_two_quiet_minutes() {
+        let ms = Duration::from_millis;
+        let mut b = WatchBackoff::default();
+        let mut now = tokio::time::Instant::now();
+        let mut pauses = Vec::new();
+        for _ in 0..4 {
+            pauses.push(b.fail_at(now));
+            now += ms(10);
+        }
+        assert_eq!(pauses, [ms(800), ms(1600), ms(2000), ms(2000)]);
+        now += WATCH_BACKOFF_RESET - ms(10);
+        assert_eq!(
+            b.fail_at(now),
+            ms(2000),
+            "two minutes to the nanosecond: no reset"
+        );
+        now += WATCH_BACKOFF_RESET + Duration::from_nanos(1);
+        assert_eq!(b.fail_at(now), ms(800));
+        assert_eq!(b.fail_at(now), ms(1600));
     }
 
     /// Regression: kube's watcher yields `Event::Init` before each attempt to list, and kube's
