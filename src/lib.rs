@@ -63,7 +63,7 @@
 //! metrics: leader, names
 //! telemetry: api_error
 //! http: -
-//! queue: -
+//! queue: backoff
 //! names: -
 //! random: -
 //! api_error: -
