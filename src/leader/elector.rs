@@ -25,6 +25,7 @@ use super::record::{
 };
 use super::status::Status;
 use super::timing::{JITTER_FACTOR, RenewGrid};
+use crate::backoff::{Backoff, Doubling};
 use crate::k8s::budget::ApiBudget;
 use crate::k8s::pushback::{Kind, Scope, scoped};
 use crate::random::random_unit;
@@ -38,6 +39,10 @@ const ERROR_RETRY_MIN: Duration = Duration::from_millis(500);
 /// every 2 s costs a server that is down nothing (its port refuses at once) and brings the
 /// Leases back within 2 s of its return.
 const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The pauses after failed attempts in a row, before the retry period bounds them (see
+/// [`error_pause`]).
+const ERROR_BACKOFF: Doubling = Doubling::new(ERROR_RETRY_MIN, ERROR_RETRY_MAX);
 
 /// A candidate fed by a watch tries this long after the Lease it watches expired (its holder's
 /// clock and ours may differ by the API server's write delay).
@@ -73,6 +78,20 @@ impl Leadership {
 /// client-go `wait.Jitter(period, factor)`: `period + r × factor × period` for `r ∈ [0, 1)`.
 fn jittered(period: Duration, r: f64) -> Duration {
     period.mul_f64(1.0 + r.clamp(0.0, 1.0) * JITTER_FACTOR)
+}
+
+/// Counts a failed attempt to acquire in `errors` and returns the longest pause it allows
+/// before the next: [`ERROR_RETRY_MIN`] after the first failure in a row, doubling up to
+/// [`ERROR_RETRY_MAX`]. From the second failure on the pause is also no longer than
+/// `retry_period`; the first keeps [`ERROR_RETRY_MIN`] even under a shorter retry period (that
+/// attempt waits the shorter of it and the jittered retry period).
+fn error_pause(errors: &mut Backoff, retry_period: Duration) -> Duration {
+    let pause = errors.fail();
+    if errors.failures() > 1 {
+        pause.min(retry_period)
+    } else {
+        pause
+    }
 }
 
 /// Why the leading phase ended.
@@ -344,7 +363,7 @@ impl LeaderElector {
     /// taken a Lease still recorded as ours before it expires); a candidate that got an answer
     /// (the Lease is held by someone else) keeps client-go's pace.
     async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
-        let mut error_pause = ERROR_RETRY_MIN;
+        let mut errors = Backoff::new(ERROR_BACKOFF);
         let mut failures = crate::telemetry::Throttle::new(ACQUIRE_LOG_EVERY);
         loop {
             let deadline = Instant::now() + self.config.renew_deadline;
@@ -380,7 +399,7 @@ impl LeaderElector {
                     return true;
                 }
                 Ok(false) => {
-                    error_pause = ERROR_RETRY_MIN;
+                    errors.reset();
                     let failed = failures.succeeded();
                     if failed > 0 {
                         info!(failures = failed, "the API server answers again");
@@ -392,10 +411,7 @@ impl LeaderElector {
                         Some(n) => warn!(error, failures = n, "failed to acquire lease"),
                         None => debug!(error, "failed to acquire lease"),
                     }
-                    pause = pause.min(error_pause);
-                    error_pause = (error_pause * 2)
-                        .min(ERROR_RETRY_MAX)
-                        .min(self.config.retry_period);
+                    pause = pause.min(error_pause(&mut errors, self.config.retry_period));
                 }
             }
             let mut due = Instant::now() + pause;
@@ -824,6 +840,34 @@ mod tests {
             let j = jittered(p, random_unit());
             assert!(j >= p && j < Duration::from_secs(11));
         }
+    }
+
+    /// The longest pause after each failed attempt in a row: 0.5 s doubling to 2 s, within the
+    /// retry period from the second failure on; a success starts over.
+    #[test]
+    fn error_pauses_double_to_two_seconds_within_the_retry_period() {
+        let ms = Duration::from_millis;
+        let pauses = |retry_period: Duration, n: usize| {
+            let mut errors = Backoff::new(ERROR_BACKOFF);
+            (0..n)
+                .map(|_| error_pause(&mut errors, retry_period))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            pauses(ms(5000), 5),
+            [ms(500), ms(1000), ms(2000), ms(2000), ms(2000)]
+        );
+        assert_eq!(pauses(ms(1500), 4), [ms(500), ms(1000), ms(1500), ms(1500)]);
+        assert_eq!(pauses(ms(500), 3), [ms(500), ms(500), ms(500)]);
+        // A retry period below the first pause: the first pause stays (the jittered retry
+        // period bounds that attempt), the later ones are the retry period.
+        assert_eq!(pauses(ms(200), 3), [ms(500), ms(200), ms(200)]);
+        let mut errors = Backoff::new(ERROR_BACKOFF);
+        for _ in 0..4 {
+            error_pause(&mut errors, ms(5000));
+        }
+        errors.reset();
+        assert_eq!(error_pause(&mut errors, ms(5000)), ms(500));
     }
 
     fn fast_config(identity: &str) -> Config {
