@@ -57,13 +57,13 @@
 //! config: cli, csi, k8s, leader, names
 //! controller: csi, k8s, names
 //! cli: leader, telemetry
-//! leader: api_error, k8s, names, random, telemetry
-//! csi: metrics, telemetry
-//! k8s: api_error, metrics, names, random, telemetry
+//! leader: api_error, backoff, k8s, names, random, telemetry
+//! csi: backoff, metrics, telemetry
+//! k8s: api_error, backoff, metrics, names, random, telemetry
 //! metrics: names
 //! telemetry: api_error
 //! http: -
-//! queue: -
+//! queue: backoff
 //! names: -
 //! random: -
 //! api_error: -

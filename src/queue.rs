@@ -31,6 +31,8 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backoff::Doubling;
+
 /// A client-go-compatible rate-limiting work queue keyed by `String`.
 ///
 /// Share it between producers and workers behind an `Arc`.
@@ -300,12 +302,11 @@ impl Drop for Claim<'_> {
     }
 }
 
-/// Backoff for a key that failed `failures` times: `start × 2^failures`, capped at `max`.
+/// Backoff for a key that failed `failures` times before: `start × 2^failures`, capped at
+/// `max`. The failure being added is the `failures + 1`-th in a row: a key that never failed
+/// waits `start`.
 fn backoff(start: Duration, max: Duration, failures: u32) -> Duration {
-    let factor = 1u32.checked_shl(failures).filter(|f| *f != 0);
-    factor
-        .and_then(|f| start.checked_mul(f))
-        .map_or(max, |d| d.min(max))
+    Doubling::new(start, max).after(failures.saturating_add(1))
 }
 
 // === impl State ===
@@ -389,6 +390,20 @@ mod tests {
                 Duration::from_secs(secs),
                 "failures={failures}"
             );
+        }
+    }
+
+    /// The doubling goes on past 32 failures, as client-go's limiter's: a start so short that
+    /// it has not reached the cap by then keeps doubling, and a zero start never waits.
+    #[test]
+    fn backoff_keeps_doubling_past_32_failures_and_a_zero_start_stays_zero() {
+        let ns = Duration::from_nanos;
+        assert_eq!(backoff(ns(1), MAX, 31), ns(1 << 31));
+        assert_eq!(backoff(ns(1), MAX, 32), ns(1 << 32));
+        assert_eq!(backoff(ns(1), MAX, 38), ns(1 << 38));
+        assert_eq!(backoff(ns(1), MAX, 39), MAX);
+        for failures in [0, 1, 31, 32, 100, u32::MAX] {
+            assert_eq!(backoff(Duration::ZERO, MAX, failures), Duration::ZERO);
         }
     }
 

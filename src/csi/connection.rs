@@ -21,10 +21,11 @@ use tokio::{
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// First delay between connection attempts.
-const CONNECT_BACKOFF_START: Duration = Duration::from_millis(100);
-/// Cap of the delay between connection attempts (csi-lib-utils caps at 1 s).
-const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+use crate::backoff::{Backoff, Doubling};
+
+/// Delay between connection attempts: 100 ms after the first failure, doubling to 1 s
+/// (csi-lib-utils caps at 1 s).
+const CONNECT_BACKOFF: Doubling = Doubling::new(Duration::from_millis(100), Duration::from_secs(1));
 /// How often a connect that keeps failing is logged.
 const STILL_CONNECTING_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -233,7 +234,7 @@ impl Connection {
         let endpoint = Endpoint::from_static("http://localhost");
 
         let started = Instant::now();
-        let mut delay = CONNECT_BACKOFF_START;
+        let mut backoff = Backoff::new(CONNECT_BACKOFF);
         let mut last_log: Option<Instant> = None;
         loop {
             match endpoint.connect_with_connector(connector.clone()).await {
@@ -262,8 +263,7 @@ impl Connection {
                         );
                         last_log = Some(Instant::now());
                     }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(CONNECT_BACKOFF_MAX);
+                    tokio::time::sleep(backoff.fail()).await;
                 }
             }
         }
@@ -380,6 +380,13 @@ mod tests {
             let err = a.parse::<Address>().unwrap_err();
             assert!(err.to_string().contains(&format!("{a:?}")), "{err}");
         }
+    }
+
+    #[test]
+    fn connect_attempts_wait_100_ms_doubling_to_1_s() {
+        let mut backoff = Backoff::new(CONNECT_BACKOFF);
+        let pauses: Vec<_> = (0..7).map(|_| backoff.fail().as_millis()).collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1000, 1000, 1000]);
     }
 
     #[tokio::test]

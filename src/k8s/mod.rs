@@ -11,7 +11,7 @@
 //! * [`pushback`] — the API server's pushback (429, `Retry-After`) waited out as client-go does.
 //!
 //! It uses only [`crate::names`], [`crate::random`], [`crate::telemetry`] (log throttling),
-//! [`crate::api_error`], and what [`crate::metrics`] has for it to report into (the
+//! [`crate::api_error`], [`crate::backoff`] (the watch and dial pauses), and what [`crate::metrics`] has for it to report into (the
 //! [`Observer`](crate::metrics::Observer), [`Limiter`](crate::metrics::Limiter) and
 //! [`ConnectionMetrics`](crate::metrics::ConnectionMetrics)).
 

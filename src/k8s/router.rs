@@ -19,6 +19,8 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::backoff::{Backoff, Doubling};
+
 use super::{
     client::WATCH_TIMEOUT,
     lean::{Cached, CsiNode, Pv, Va},
@@ -59,30 +61,14 @@ pub fn start(
     };
     let (va_listed, va_listed_rx) = oneshot::channel();
     let (pv_listed, pv_listed_rx) = oneshot::channel();
-    let sync_task = {
-        let shutdown = shutdown.clone();
-        async move {
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                (va, pv) = futures::future::join(va_listed_rx, pv_listed_rx) => {
-                    if va.is_ok() && pv.is_ok() {
-                        tracing::debug!("VolumeAttachment and PersistentVolume caches synced");
-                        let _ = synced_tx.send(true);
-                    }
-                }
-            }
-        }
-    };
+    let sync_task = mark_synced(va_listed_rx, pv_listed_rx, synced_tx, shutdown.clone());
 
     let va_task = {
         let route = route.clone();
         run_watch(
             Api::<VolumeAttachment>::all(client.clone()),
             Mirror::new(stores.vas.clone(), Some(va_listed)),
-            move |change| match change {
-                Change::Applied { old, new } => route.va_applied(old.as_deref(), &new),
-                Change::Deleted(va) => route.va_deleted(&va),
-            },
+            move |change| route_va(&*route, change),
             server.clone(),
             shutdown.clone(),
         )
@@ -93,11 +79,7 @@ pub fn start(
         run_watch(
             Api::<PersistentVolume>::all(client.clone()),
             Mirror::new(stores.pvs.clone(), Some(pv_listed)),
-            move |change| {
-                if let Change::Applied { new, .. } = change {
-                    route.pv_applied(&new);
-                }
-            },
+            move |change| route_pv(&*route, change),
             server.clone(),
             shutdown.clone(),
         )
@@ -111,36 +93,82 @@ pub fn start(
         shutdown.clone(),
     )
     .instrument(tracing::info_span!("watch", kind = "CSINode"));
-
-    let resync_task = {
-        let stores = stores.clone();
-        let shutdown = shutdown.clone();
-        async move {
-            if resync.is_zero() {
-                return;
-            }
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                tracing::debug!("resync");
-                for va in stores.vas.state() {
-                    route.va_applied(Some(&va), &va);
-                }
-                for pv in stores.pvs.state() {
-                    route.pv_applied(&pv);
-                }
-            }
-        }
-        .instrument(tracing::info_span!("resync"))
-    };
+    let resync_task = resync_loop(stores.clone(), route, resync, shutdown.clone())
+        .instrument(tracing::info_span!("resync"));
 
     let all = async move {
         tokio::join!(va_task, pv_task, csinode_task, resync_task, sync_task);
     };
     (stores, all)
+}
+
+/// Marks the stores synced (`synced`) once the first lists of VolumeAttachments and
+/// PersistentVolumes are both complete; never if a watch ends before its first list does, or
+/// `shutdown` comes first.
+async fn mark_synced(
+    va_listed: oneshot::Receiver<()>,
+    pv_listed: oneshot::Receiver<()>,
+    synced: watch::Sender<bool>,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        (va, pv) = futures::future::join(va_listed, pv_listed) => {
+            if va.is_ok() && pv.is_ok() {
+                tracing::debug!("VolumeAttachment and PersistentVolume caches synced");
+                let _ = synced.send(true);
+            }
+        }
+    }
+}
+
+/// Routes a change of the VolumeAttachment cache: every change counts.
+fn route_va(route: &dyn Route, change: Change<Va>) {
+    match change {
+        Change::Applied { old, new } => route.va_applied(old.as_deref(), &new),
+        Change::Deleted(va) => route.va_deleted(&va),
+    }
+}
+
+/// Routes a change of the PersistentVolume cache: a PV added or changed (a deletion routes
+/// nothing).
+fn route_pv(route: &dyn Route, change: Change<Pv>) {
+    if let Change::Applied { new, .. } = change {
+        route.pv_applied(&new);
+    }
+}
+
+/// Every `resync` (none if zero), the first a period after the start: [`redeliver`] until
+/// `shutdown`.
+async fn resync_loop(
+    stores: Stores,
+    route: Arc<dyn Route>,
+    resync: Duration,
+    shutdown: CancellationToken,
+) {
+    if resync.is_zero() {
+        return;
+    }
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        tracing::debug!("resync");
+        redeliver(&stores, &*route);
+    }
+}
+
+/// Routes every cached VolumeAttachment (as unchanged: `old` and `new` the same) and every
+/// cached PersistentVolume again, as an informer's resync does.
+fn redeliver(stores: &Stores, route: &dyn Route) {
+    for va in stores.vas.state() {
+        route.va_applied(Some(&va), &va);
+    }
+    for pv in stores.pvs.state() {
+        route.pv_applied(&pv);
+    }
 }
 
 /// What changed in a cache, delivered after the cache holds the change (so a
@@ -233,8 +261,8 @@ fn lean_event<K, T: From<K>>(event: watcher::Event<K>) -> watcher::Event<T> {
 /// item, so a reset on success kept every retry at the first pause while the server was away.
 #[derive(Debug)]
 pub(crate) struct WatchBackoff {
-    /// The pause before jitter for the next failure.
-    next: Duration,
+    /// Failures since the backoff last started over, and the pauses (before jitter) they earn.
+    failures: Backoff,
     /// When the last failure came.
     last_failure: Option<tokio::time::Instant>,
 }
@@ -250,9 +278,24 @@ const WATCH_BACKOFF_RESET: Duration = Duration::from_secs(120);
 impl Default for WatchBackoff {
     fn default() -> Self {
         Self {
-            next: WATCH_BACKOFF_MIN,
+            failures: Backoff::new(Doubling::new(WATCH_BACKOFF_MIN, WATCH_BACKOFF_MAX)),
             last_failure: None,
         }
+    }
+}
+
+impl WatchBackoff {
+    /// Counts a failure at `now` and returns its pause before jitter: the doubling starts over
+    /// when the last failure came more than [`WATCH_BACKOFF_RESET`] ago.
+    fn fail_at(&mut self, now: tokio::time::Instant) -> Duration {
+        if self
+            .last_failure
+            .is_some_and(|at| now.duration_since(at) > WATCH_BACKOFF_RESET)
+        {
+            self.failures.reset();
+        }
+        self.last_failure = Some(now);
+        self.failures.fail()
     }
 }
 
@@ -261,16 +304,7 @@ impl Iterator for WatchBackoff {
 
     /// The pause after a failure that happens now.
     fn next(&mut self) -> Option<Duration> {
-        let now = tokio::time::Instant::now();
-        if self
-            .last_failure
-            .is_some_and(|at| now.duration_since(at) > WATCH_BACKOFF_RESET)
-        {
-            self.next = WATCH_BACKOFF_MIN;
-        }
-        self.last_failure = Some(now);
-        let pause = self.next;
-        self.next = (self.next * 2).min(WATCH_BACKOFF_MAX);
+        let pause = self.fail_at(tokio::time::Instant::now());
         // client-go's `wait.Jitter(d, 1.0)`: d + rand·d.
         Some(pause.mul_f64(1.0 + crate::random::random_unit()))
     }
@@ -446,6 +480,30 @@ mod tests {
         assert!(b.next().expect("pause") < WATCH_BACKOFF_MIN * 2);
     }
 
+    /// The pauses before jitter: 0.8 s, 1.6 s, then 2 s; a failure exactly two minutes after
+    /// the last one keeps the pace, one later than that starts over.
+    #[test]
+    fn watch_backoff_pauses_before_jitter_double_and_start_over_only_after_two_quiet_minutes() {
+        let ms = Duration::from_millis;
+        let mut b = WatchBackoff::default();
+        let mut now = tokio::time::Instant::now();
+        let mut pauses = Vec::new();
+        for _ in 0..4 {
+            pauses.push(b.fail_at(now));
+            now += ms(10);
+        }
+        assert_eq!(pauses, [ms(800), ms(1600), ms(2000), ms(2000)]);
+        now += WATCH_BACKOFF_RESET - ms(10);
+        assert_eq!(
+            b.fail_at(now),
+            ms(2000),
+            "two minutes to the nanosecond: no reset"
+        );
+        now += WATCH_BACKOFF_RESET + Duration::from_nanos(1);
+        assert_eq!(b.fail_at(now), ms(800));
+        assert_eq!(b.fail_at(now), ms(1600));
+    }
+
     /// Regression: kube's watcher yields `Event::Init` before each attempt to list, and kube's
     /// `StreamBackoff` resets its backoff on every item; a backoff that started over on reset
     /// retried a failing list at its first pause forever (160 warnings in 20 s).
@@ -522,6 +580,155 @@ mod tests {
             ),
             Change::Deleted(o) => ("deleted".into(), o.name().into(), rv(o), String::new()),
         }
+    }
+
+    /// What a [`Route`] was told, in order.
+    #[derive(Default)]
+    struct Routed(std::sync::Mutex<Vec<String>>);
+
+    impl Routed {
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.0.lock().expect("not poisoned"))
+        }
+    }
+
+    impl Route for Routed {
+        fn va_applied(&self, old: Option<&Va>, new: &Va) {
+            let rv = |v: &Va| v.metadata.resource_version.clone().unwrap_or_default();
+            let line = format!(
+                "va {} {}->{}",
+                new.name(),
+                old.map(rv).unwrap_or_default(),
+                rv(new)
+            );
+            self.0.lock().expect("not poisoned").push(line);
+        }
+        fn va_deleted(&self, va: &Va) {
+            let line = format!("va {} deleted", va.name());
+            self.0.lock().expect("not poisoned").push(line);
+        }
+        fn pv_applied(&self, pv: &Pv) {
+            let line = format!("pv {}", pv.name());
+            self.0.lock().expect("not poisoned").push(line);
+        }
+    }
+
+    fn pv(name: &str) -> Pv {
+        let mut pv = PersistentVolume::default();
+        pv.metadata.name = Some(name.into());
+        Pv::from(pv)
+    }
+
+    /// Stores holding `vas` and `pvs`.
+    fn stores_with(vas: &[Va], pvs: &[Pv]) -> Stores {
+        let stores = Stores {
+            vas: Store::default(),
+            pvs: Store::default(),
+            csinodes: Store::default(),
+            synced: watch::channel(true).1,
+        };
+        for va in vas {
+            stores.vas.apply(Arc::new(va.clone()));
+        }
+        for pv in pvs {
+            stores.pvs.apply(Arc::new(pv.clone()));
+        }
+        stores
+    }
+
+    #[test]
+    fn every_va_change_is_routed_and_of_the_pvs_only_what_is_applied() {
+        let routed = Routed::default();
+        route_va(&routed, applied(None, va("a", "1")));
+        route_va(&routed, applied(Some(va("a", "1")), va("a", "2")));
+        route_va(&routed, Change::Deleted(Arc::new(va("a", "3"))));
+        route_pv(&routed, applied(None, pv("p")));
+        route_pv(&routed, Change::Deleted(Arc::new(pv("p"))));
+        assert_eq!(
+            routed.take(),
+            ["va a ->1", "va a 1->2", "va a deleted", "pv p"]
+        );
+    }
+
+    fn applied<T>(old: Option<T>, new: T) -> Change<T> {
+        Change::Applied {
+            old: old.map(Arc::new),
+            new: Arc::new(new),
+        }
+    }
+
+    /// A resync routes every cached VA (unchanged: old and new the same) and PV, a period after
+    /// the start and every period after that, until the shutdown; a zero period, never.
+    #[tokio::test(start_paused = true)]
+    async fn a_resync_routes_every_cached_object_each_period_until_the_shutdown() {
+        let period = Duration::from_secs(10);
+        let stores = stores_with(&[va("a", "1"), va("b", "2")], &[pv("p")]);
+        let routed = Arc::new(Routed::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(resync_loop(
+            stores.clone(),
+            routed.clone(),
+            period,
+            shutdown.clone(),
+        ));
+        let every = ["pv p", "va a 1->1", "va b 2->2"];
+        let sorted = |mut v: Vec<String>| {
+            v.sort();
+            v
+        };
+        tokio::time::sleep(period - Duration::from_millis(1)).await;
+        assert!(routed.take().is_empty(), "not before a period");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(sorted(routed.take()), every);
+        tokio::time::sleep(period).await;
+        assert_eq!(sorted(routed.take()), every);
+        shutdown.cancel();
+        task.await.expect("ends at the shutdown");
+        tokio::time::sleep(3 * period).await;
+        assert!(routed.take().is_empty());
+
+        let idle = Arc::new(Routed::default());
+        resync_loop(
+            stores,
+            idle.clone(),
+            Duration::ZERO,
+            CancellationToken::new(),
+        )
+        .await;
+        assert!(idle.take().is_empty());
+    }
+
+    /// The stores count as synced once both first lists are complete: not when a watch ended
+    /// before its first list did, nor after the shutdown.
+    #[tokio::test]
+    async fn the_stores_are_synced_once_the_va_and_pv_lists_are_both_complete() {
+        let channels = || {
+            let (va_tx, va_rx) = oneshot::channel::<()>();
+            let (pv_tx, pv_rx) = oneshot::channel::<()>();
+            let (synced_tx, synced) = watch::channel(false);
+            (va_tx, va_rx, pv_tx, pv_rx, synced_tx, synced)
+        };
+
+        let (va_tx, va_rx, pv_tx, pv_rx, synced_tx, synced) = channels();
+        va_tx.send(()).expect("listening");
+        pv_tx.send(()).expect("listening");
+        mark_synced(va_rx, pv_rx, synced_tx, CancellationToken::new()).await;
+        assert!(*synced.borrow(), "both lists complete");
+
+        let (va_tx, va_rx, pv_tx, pv_rx, synced_tx, synced) = channels();
+        va_tx.send(()).expect("listening");
+        drop(pv_tx);
+        mark_synced(va_rx, pv_rx, synced_tx, CancellationToken::new()).await;
+        assert!(
+            !*synced.borrow(),
+            "the PV watch ended before its first list"
+        );
+
+        let (_va_tx, va_rx, _pv_tx, pv_rx, synced_tx, synced) = channels();
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        mark_synced(va_rx, pv_rx, synced_tx, shutdown).await;
+        assert!(!*synced.borrow(), "the shutdown came first");
     }
 
     #[test]

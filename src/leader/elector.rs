@@ -1,6 +1,8 @@
 //! [`LeaderElector`]: client-go's `LeaderElector` over one Lease (acquire, lead while renewals
 //! succeed, release), publishing [`Leadership`] through a `watch` channel.
 
+mod pace;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,9 +27,11 @@ use super::record::{
 };
 use super::status::Status;
 use super::timing::{JITTER_FACTOR, RenewGrid};
+use crate::backoff::Doubling;
 use crate::k8s::budget::ApiBudget;
 use crate::k8s::pushback::{Kind, Scope, scoped};
 use crate::random::random_unit;
+use pace::{Attempt, Next, Pace, Report, Turn, Wake};
 
 /// First pause after a failed attempt to acquire (the API server did not answer); it doubles
 /// up to [`ERROR_RETRY_MAX`] (or the retry period, if shorter) while failures go on (see
@@ -38,6 +42,10 @@ const ERROR_RETRY_MIN: Duration = Duration::from_millis(500);
 /// every 2 s costs a server that is down nothing (its port refuses at once) and brings the
 /// Leases back within 2 s of its return.
 const ERROR_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The pauses after failed attempts in a row, before the retry period bounds them (from the
+/// second on; see [`pace`]).
+const ERROR_BACKOFF: Doubling = Doubling::new(ERROR_RETRY_MIN, ERROR_RETRY_MAX);
 
 /// A candidate fed by a watch tries this long after the Lease it watches expired (its holder's
 /// clock and ours may differ by the API server's write delay).
@@ -259,9 +267,11 @@ impl LeaderElector {
         if vacant {
             return Some(now);
         }
-        let observed = self.observed.as_ref()?;
-        (observed.record.holder != self.config.identity)
-            .then(|| observed.at + self.config.lease_duration + EXPIRY_MARGIN)
+        pace::foreign_expiry(
+            self.observed.as_ref(),
+            &self.config.identity,
+            self.config.lease_duration,
+        )
     }
 
     /// Only try to acquire the Lease while `gate` says yes (renewing a held
@@ -342,119 +352,98 @@ impl LeaderElector {
     /// doubling up to the jittered retry period. A hub that lost its Leases to a network
     /// cut-off takes them back within moments of the network's return (nobody else can have
     /// taken a Lease still recorded as ours before it expires); a candidate that got an answer
-    /// (the Lease is held by someone else) keeps client-go's pace.
+    /// (the Lease is held by someone else) keeps client-go's pace. The decisions are
+    /// [`pace`]'s.
     async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
-        let mut error_pause = ERROR_RETRY_MIN;
-        let mut failures = crate::telemetry::Throttle::new(ACQUIRE_LOG_EVERY);
+        let mut pace = Pace::new(self.config.retry_period);
         loop {
             let deadline = Instant::now() + self.config.renew_deadline;
             let allowed = self.gate.as_ref().is_none_or(AcquireGate::allows);
-            let attempt = if allowed {
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return false,
-                    result = self.try_acquire_or_renew(deadline) => result,
-                }
-            } else {
-                // Not allowed to take it: only look, so the holder stays known.
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return false,
-                    result = self.observe_only(deadline) => result.map(|()| false),
-                }
+            let Some(result) = self.attempt(allowed, deadline, shutdown).await else {
+                return false;
+            };
+            let attempt = match result {
+                Ok(true) => Attempt::Acquired,
+                Ok(false) => Attempt::Answered,
+                Err(e) => Attempt::Failed(e.one_line()),
             };
             // The gate opened while we only looked: try at once, not a retry period later. A
             // driver's own lost Lease is counted out of the replica's share a moment after this
             // elector reports the loss, so the first look after a loss is often gated by the
             // loss itself; the signal that the gate opened may have come during the look.
-            if !allowed
-                && matches!(attempt, Ok(false))
-                && self.gate.as_ref().is_some_and(AcquireGate::allows)
-            {
+            if pace::look_again_at_once(allowed, &attempt, || {
+                self.gate.as_ref().is_some_and(AcquireGate::allows)
+            }) {
                 continue;
             }
-            let mut pause = jittered(self.config.retry_period, random_unit());
-            match attempt {
-                Ok(true) => {
+            match pace.after(attempt, jittered(self.config.retry_period, random_unit())) {
+                Next::Lead => {
                     debug!("successfully acquired lease");
                     return true;
                 }
-                Ok(false) => {
-                    error_pause = ERROR_RETRY_MIN;
-                    let failed = failures.succeeded();
-                    if failed > 0 {
-                        info!(failures = failed, "the API server answers again");
+                Next::Pause { pause, report } => {
+                    if let Some(report) = report {
+                        log_attempt(report);
                     }
-                }
-                Err(e) => {
-                    let error = e.one_line();
-                    match failures.failed() {
-                        Some(n) => warn!(error, failures = n, "failed to acquire lease"),
-                        None => debug!(error, "failed to acquire lease"),
+                    let due = pace::due(
+                        Instant::now(),
+                        pause,
+                        self.observed.as_ref(),
+                        &self.config.identity,
+                        self.config.lease_duration,
+                    );
+                    if !self.wait_turn(due, shutdown).await {
+                        return false;
                     }
-                    pause = pause.min(error_pause);
-                    error_pause = (error_pause * 2)
-                        .min(ERROR_RETRY_MAX)
-                        .min(self.config.retry_period);
                 }
             }
-            let mut due = Instant::now() + pause;
-            // A Lease held by another candidate is worth trying again the moment it expires
-            // by client-go's rule (our observation of its last change + the lease duration).
-            // (Only a future expiry: an expired Lease we were not allowed to take waits for the
-            // normal pause, or for the feed.)
-            if let Some(o) = &self.observed
-                && !o.record.holder.is_empty()
-                && o.record.holder != self.config.identity
-            {
-                let expiry = o.at + self.config.lease_duration + EXPIRY_MARGIN;
-                if expiry > Instant::now() {
-                    due = due.min(expiry);
-                }
+        }
+    }
+
+    /// One attempt, its calls bounded by `deadline`: to take the Lease (or renew it) if
+    /// `allowed`, else only to look at it, so that the holder stays known. `None`: `shutdown`
+    /// was cancelled first.
+    async fn attempt(
+        &mut self,
+        allowed: bool,
+        deadline: Instant,
+        shutdown: &CancellationToken,
+    ) -> Option<Result<bool>> {
+        if allowed {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => None,
+                result = self.try_acquire_or_renew(deadline) => Some(result),
             }
-            loop {
-                let feed = async {
-                    match self.feed.as_mut() {
-                        Some(f) => match f.changed().await {
-                            Ok(()) => Some(f.borrow_and_update().clone()),
-                            Err(_) => std::future::pending().await,
-                        },
-                        None => std::future::pending().await,
-                    }
-                };
-                // A gated attempt is repeated the moment the gate may have opened.
-                let closed = self.gate.as_ref().is_some_and(|g| !g.allows());
-                let opened = async {
-                    match self.gate.as_mut() {
-                        Some(g) if closed && !g.opened.is_empty() => {
-                            // A signal whose sender is gone never fires again.
-                            let signals = g.opened.iter_mut().map(|o| {
-                                Box::pin(async move {
-                                    if o.changed().await.is_err() {
-                                        std::future::pending::<()>().await;
-                                    }
-                                })
-                            });
-                            futures::future::select_all(signals).await;
-                        }
-                        _ => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return false,
-                    () = tokio::time::sleep_until(due) => break,
-                    lease = feed => {
-                        if let Some(at) = lease.flatten().and_then(|seen| self.absorb(seen)) {
-                            due = due.min(at);
-                        }
-                    }
-                    () = opened => {
-                        if self.gate.as_ref().is_some_and(AcquireGate::allows) {
-                            break;
-                        }
-                    }
+        } else {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => None,
+                result = self.observe_only(deadline) => Some(result.map(|()| false)),
+            }
+        }
+    }
+
+    /// Waits for the next attempt, due at `due` unless a copy of the Lease from the feed brings
+    /// it forward or the gate opens; `false`: `shutdown` was cancelled first.
+    async fn wait_turn(&mut self, mut due: Instant, shutdown: &CancellationToken) -> bool {
+        loop {
+            // A gated attempt is repeated the moment the gate may have opened.
+            let closed = self.gate.as_ref().is_some_and(|g| !g.allows());
+            let wake = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return false,
+                () = tokio::time::sleep_until(due) => Wake::Due,
+                seen = next_copy(self.feed.as_mut()) => {
+                    Wake::Seen(seen.and_then(|seen| self.absorb(seen)))
                 }
+                () = gate_signal(self.gate.as_mut(), closed) => Wake::Opened {
+                    allows: self.gate.as_ref().is_some_and(AcquireGate::allows),
+                },
+            };
+            match pace::turn(due, wake) {
+                Turn::Now => return true,
+                Turn::WaitUntil(at) => due = at,
             }
         }
     }
@@ -798,6 +787,48 @@ impl LeaderElector {
                 Err(e)
             }
         }
+    }
+}
+
+/// Logs what an attempt to acquire came to.
+fn log_attempt(report: Report) {
+    match report {
+        Report::Answers { failures } => info!(failures, "the API server answers again"),
+        Report::Failed {
+            error,
+            warn: Some(n),
+        } => warn!(error, failures = n, "failed to acquire lease"),
+        Report::Failed { error, warn: None } => debug!(error, "failed to acquire lease"),
+    }
+}
+
+/// The next copy of the Lease from `feed` (`None` inside: deleted); never, without a feed or
+/// once its sender is gone.
+async fn next_copy(feed: Option<&mut watch::Receiver<Option<Seen>>>) -> Option<Seen> {
+    match feed {
+        Some(f) => match f.changed().await {
+            Ok(()) => f.borrow_and_update().clone(),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves when one of `gate`'s signals says it may have opened, if it is `closed` now;
+/// never otherwise (nor for a signal whose sender is gone).
+async fn gate_signal(gate: Option<&mut AcquireGate>, closed: bool) {
+    match gate {
+        Some(g) if closed && !g.opened.is_empty() => {
+            let signals = g.opened.iter_mut().map(|o| {
+                Box::pin(async move {
+                    if o.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                })
+            });
+            futures::future::select_all(signals).await;
+        }
+        _ => std::future::pending().await,
     }
 }
 

@@ -39,7 +39,7 @@
 //! electors), [`guard`] (no leading while
 //! another holder renews a Lease of the same name in another namespace) and [`lean`] (Leases
 //! read without their managed fields). It uses only [`crate::names`], [`crate::random`],
-//! [`crate::telemetry`], [`crate::api_error`] and, for the elector's requests, the driver's API
+//! [`crate::telemetry`], [`crate::api_error`], [`crate::backoff`] and, for the elector's requests, the driver's API
 //! budget and pushback of [`crate::k8s`] (and kube).
 
 pub mod balance;

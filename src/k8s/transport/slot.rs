@@ -25,6 +25,7 @@ use super::{
     conn::Conn,
     dial::{Dial, DialError, Dialed},
 };
+use crate::backoff::Doubling;
 use crate::metrics::ConnectionMetrics;
 
 /// A dial attempt still running after this long gets a companion attempt.
@@ -175,12 +176,10 @@ pub(crate) fn next_hedge(in_flight: usize, last_start: Instant, waiting: bool) -
 }
 
 /// The least time between the start of one round and the next after `failures` failed rounds
-/// in a row: [`DIAL_BACKOFF_MIN`] doubling up to [`DIAL_BACKOFF_MAX`].
+/// in a row: [`DIAL_BACKOFF_MIN`] doubling up to [`DIAL_BACKOFF_MAX`] (before the jitter the
+/// keeper takes off). After a connection that retired, no failure yet: the minimum.
 pub(crate) fn backoff(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    DIAL_BACKOFF_MIN
-        .saturating_mul(1 << doublings)
-        .min(DIAL_BACKOFF_MAX)
+    Doubling::new(DIAL_BACKOFF_MIN, DIAL_BACKOFF_MAX).after(failures)
 }
 
 /// Keeps the connection: dials on demand, publishes it, and starts over when it retires. Ends
