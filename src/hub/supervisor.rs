@@ -582,7 +582,11 @@ mod tests {
             (path(&a), a.clone(), Origin::Configured),
             (path(&d), d.clone(), Origin::Configured),
         ];
-        let discovered = plan(slots_of(&running), std::slice::from_ref(&a), &[d.clone()]);
+        let discovered = plan(
+            slots_of(&running),
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&d),
+        );
         assert_eq!(discovered.stop, [path(&d)]);
         assert_eq!(discovered.start, [(path(&d), d, Origin::Discovered)]);
     }
