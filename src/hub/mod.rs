@@ -5,11 +5,13 @@
 //! The parts: [`driver`] (one driver's life), [`registry`] (the drivers by name and slot),
 //! [`dispatch`] (watch events to drivers), [`supervisor`] (the running set follows the driver
 //! list), [`discovery`] (driver sockets found at run time), [`status`] (what the HTTP listener
-//! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas),
-//! [`reload`] (how the driver list's loads went) and [`context`] (what the hub's tasks share).
+//! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas;
+//! its decisions in [`balance_view`]), [`reload`] (how the driver list's loads went) and
+//! [`context`] (what the hub's tasks share).
 //! [`run`] wires them.
 
 pub mod balance_loop;
+pub mod balance_view;
 pub mod context;
 pub mod discovery;
 pub mod dispatch;
