@@ -100,11 +100,7 @@ impl Supervisor {
             Source::File { path, .. } => digest(path),
             _ => None,
         };
-        let discovery = match &self.source {
-            Source::File { discover, .. } => discover.clone(),
-            Source::Discover(d) => Some(d.clone()),
-            Source::Fixed => None,
-        };
+        let discovery = discovery_of(&self.source);
         let mut memory = discovery::Memory::default();
         let mut found = match &discovery {
             Some(d) => self.scan(d, &mut memory).await,
@@ -120,36 +116,16 @@ impl Supervisor {
         loop {
             let forced = tokio::select! {
                 () = shutdown.cancelled() => break,
-                _ = async {
-                    match hangup.as_mut() {
-                        Some(h) => { h.recv().await; }
-                        None => std::future::pending::<()>().await,
-                    }
-                } => true,
+                () = hangup_or_pending(hangup.as_mut()) => true,
                 _ = tick.tick() => false,
             };
             // The running set changes only when the list does: an idle tick costs a read of
             // the file and a scan, not a comparison of every driver's settings.
             let mut changed = false;
-            if let Source::File { path, load, .. } = &self.source {
-                let now = digest(path);
-                if forced || now != file_digest {
-                    file_digest = now;
-                    tracing::info!(path = %path.display(), signal = forced, "re-reading the driver file");
-                    match load(path) {
-                        Ok(config) => {
-                            configured = config.drivers;
-                            named = config.discovered;
-                            changed = true;
-                            self.hub.shared.api_cap.set_limit(config.hub_api_cap);
-                            self.hub.config.reloaded();
-                        }
-                        Err(error) => {
-                            tracing::error!(%error, "the new driver file is invalid; keeping the running configuration");
-                            self.hub.config.rejected(&error);
-                        }
-                    }
-                }
+            if let Some(config) = self.reload(forced, &mut file_digest) {
+                configured = config.drivers;
+                named = config.discovered;
+                changed = true;
             }
             if let Some(d) = &discovery {
                 let now = self.scan(d, &mut memory).await;
@@ -167,6 +143,34 @@ impl Supervisor {
         tracing::info!("shutting down: draining drivers and releasing leases");
         let all: Vec<PathBuf> = self.running.keys().cloned().collect();
         self.stop(all).await;
+    }
+
+    /// Re-reads the driver file, if the list comes from one, when `forced` (SIGHUP) or when its
+    /// content no longer matches `file_digest` (which follows it). Returns the new list if it
+    /// is valid (its API cap applied at once); an invalid one is logged, shown in `/drivers`,
+    /// and changes nothing.
+    fn reload(&self, forced: bool, file_digest: &mut Option<u64>) -> Option<config::Config> {
+        let Source::File { path, load, .. } = &self.source else {
+            return None;
+        };
+        let now = digest(path);
+        if !reread(forced, *file_digest, now) {
+            return None;
+        }
+        *file_digest = now;
+        tracing::info!(path = %path.display(), signal = forced, "re-reading the driver file");
+        match load(path) {
+            Ok(config) => {
+                self.hub.shared.api_cap.set_limit(config.hub_api_cap);
+                self.hub.config.reloaded();
+                Some(config)
+            }
+            Err(error) => {
+                tracing::error!(%error, "the new driver file is invalid; keeping the running configuration");
+                self.hub.config.rejected(&error);
+                None
+            }
+        }
     }
 
     /// Scans for driver sockets; records the ones not served for `/drivers` and returns the
@@ -349,6 +353,31 @@ fn resolve(
             }
         })
         .collect()
+}
+
+/// Where `source` discovers drivers, if it does.
+fn discovery_of(source: &Source) -> Option<Discovery> {
+    match source {
+        Source::File { discover, .. } => discover.clone(),
+        Source::Discover(d) => Some(d.clone()),
+        Source::Fixed => None,
+    }
+}
+
+/// Whether the driver file is read again: on SIGHUP (`forced`), or when its fingerprint `now`
+/// differs from the one read `before` (it became readable or unreadable too).
+fn reread(forced: bool, before: Option<u64>, now: Option<u64>) -> bool {
+    forced || now != before
+}
+
+/// The next SIGHUP of `hangup`; never, without one.
+async fn hangup_or_pending(hangup: Option<&mut tokio::signal::unix::Signal>) {
+    match hangup {
+        Some(h) => {
+            h.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
 }
 
 /// A cheap fingerprint of a file's content (`None` if unreadable).
@@ -589,6 +618,41 @@ mod tests {
         );
         assert_eq!(discovered.stop, [path(&d)]);
         assert_eq!(discovered.start, [(path(&d), d, Origin::Discovered)]);
+    }
+
+    #[test]
+    fn the_driver_file_is_read_again_on_sighup_or_when_its_content_changes() {
+        assert!(!reread(false, Some(1), Some(1)));
+        assert!(reread(true, Some(1), Some(1)), "SIGHUP");
+        assert!(reread(false, Some(1), Some(2)));
+        assert!(reread(false, Some(1), None), "it became unreadable");
+        assert!(reread(false, None, Some(1)), "it became readable");
+        assert!(!reread(false, None, None));
+    }
+
+    #[test]
+    fn only_a_file_with_a_glob_and_a_glob_alone_discover_drivers() {
+        let discovery = Discovery {
+            pattern: Some("/plugins/*/csi.sock".into()),
+            registration_dir: None,
+            settings_for: Arc::new(|_| unreachable!("not asked")),
+        };
+        let file = |discover| Source::File {
+            path: "/etc/drivers.yaml".into(),
+            load: Arc::new(|_| Err(String::new())),
+            discover,
+        };
+        let pattern = |s: &Source| discovery_of(s).and_then(|d| d.pattern);
+        assert_eq!(pattern(&Source::Fixed), None);
+        assert_eq!(pattern(&file(None)), None);
+        assert_eq!(
+            pattern(&file(Some(discovery.clone()))).as_deref(),
+            Some("/plugins/*/csi.sock")
+        );
+        assert_eq!(
+            pattern(&Source::Discover(discovery)).as_deref(),
+            Some("/plugins/*/csi.sock")
+        );
     }
 
     /// A discovered driver gets the settings `drivers.yaml` gives its name (its Lease namespace
