@@ -3,11 +3,15 @@
 //! over, and, while some elector can use it, feeds every driver Lease a second watch sees to
 //! that Lease's elector.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{ops::ControlFlow, sync::Arc, time::Duration};
 
+use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    balance_view::{
+        FeedChange, LeaseEvent, PresenceView, Reaction, feed_change, feed_wanted, presence_duration,
+    },
     context::Context,
     driver::{Driver, State},
 };
@@ -43,27 +47,26 @@ pub(crate) async fn balance_leases(
     stop: CancellationToken,
 ) {
     use futures::StreamExt;
-    use k8s_openapi::api::coordination::v1::Lease;
 
     let api = kube::Api::<Lease>::namespaced(hub.shared.leader_client.clone(), &config.namespace);
-    // A replica's presence expires before its driver Leases do (they are renewed as often and
-    // last a retry period longer), so when a dead replica's driver Leases expire the survivors
-    // already count it out and may take them at once.
-    let presence_duration = config
-        .lease_duration
-        .saturating_sub(config.retry_period)
-        .max(config.retry_period * 2);
     let presence = Presence::new(
         api,
         &config.identity,
-        presence_duration,
+        presence_duration(config.lease_duration, config.retry_period),
         config.retry_period,
     );
-    let mut leases: HashMap<String, Lease> = HashMap::new();
-    let mut listing: HashMap<String, Lease> = HashMap::new();
     let mut events = lease_watch(&hub, &config.namespace, true);
-    // Until the first round says otherwise, every elector may be waiting.
-    let mut feed = Some(lease_watch(&hub, &config.namespace, false));
+    let mut balancer = Balancer {
+        // Until the first round says otherwise, every elector may be waiting.
+        feed: Some(lease_watch(&hub, &config.namespace, false)),
+        hub,
+        config,
+        presence,
+        view: PresenceView::default(),
+        // Refused Lease watches: a warning at most every WATCH_LOG_EVERY.
+        refusals: crate::telemetry::Throttle::new(WATCH_LOG_EVERY),
+    };
+    let hub = balancer.hub.clone();
     let mut given_up = hub.shared.balance.given_up();
 
     // The first share must count every configured driver, not the few started so far.
@@ -71,79 +74,95 @@ pub(crate) async fn balance_leases(
         () = stop.cancelled() => return,
         () = hub.first_reconcile.cancelled() => {}
     }
-    let mut tick = tokio::time::interval(config.retry_period);
-    // Refused Lease watches: a warning at most every WATCH_LOG_EVERY.
-    let mut refusals = crate::telemetry::Throttle::new(WATCH_LOG_EVERY);
+    let mut tick = tokio::time::interval(balancer.config.retry_period);
     // A reload that adds or removes drivers changes the share at once, not a period later.
     let mut slots_changed = hub.registry.slots_changed();
-    // Whether the last round saw another live replica, and when we last wrote our presence.
-    let mut peers = false;
-    let mut renewed: Option<tokio::time::Instant> = None;
-    // When each presence Lease was seen renewed, and the group the last round counted in.
-    let mut sightings = balance::Sightings::default();
-    let mut counted_group: Option<String> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
-            Ok(()) = slots_changed.changed() => {
-                tick.reset_immediately();
-                continue;
-            }
+            Ok(()) = slots_changed.changed() => tick.reset_immediately(),
             // A driver Lease given up: its elector waits for the Lease again, fed from now on.
-            Ok(()) = given_up.changed() => {
-                if feed.is_none() {
-                    tracing::debug!("a driver Lease was given up; watching the driver Leases");
-                    feed = Some(lease_watch(&hub, &config.namespace, false));
-                }
-                continue;
-            }
-            Some(event) = next_or_pending(feed.as_mut()) => {
-                match event {
-                    Ok(event) => feed_electors(&hub.shared, &event),
-                    Err(error) => watch_failed(&mut refusals, "the driver Lease watch", &config.namespace, &error),
-                }
-                continue;
-            }
-            event = events.next() => {
-                match event {
-                    Some(Ok(event)) => {
-                        // A replica alone learns of a newcomer at once, and renews its presence
-                        // so that the newcomer counts it.
-                        let newcomer = !peers && is_other_presence(&event, presence.name());
-                        let recount = sight(&mut sightings, &event);
-                        apply_lease_event(&mut leases, &mut listing, event);
-                        if recount {
-                            sightings.retain(|name| leases.contains_key(name));
-                        }
-                        if newcomer {
-                            tick.reset_immediately();
-                        } else if recount && let Some(group) = &counted_group {
-                            // A renewal, a departure: the share follows at once, not a round
-                            // later (judged by a round's snapshot, a peer whose renewal came
-                            // just after it looked expired just before the next).
-                            let others = balance::others_in_group(
-                                leases.values(),
-                                &sightings,
-                                presence.name(),
-                                group,
-                                tokio::time::Instant::now(),
-                            );
-                            let (before, share) = hub.shared.balance.set_others(others);
-                            if share != before {
-                                tracing::info!(share, %group, "leadership share changed");
-                            }
-                        }
+            Ok(()) = given_up.changed() => balancer.given_up(),
+            Some(event) = next_or_pending(balancer.feed.as_mut()) => balancer.fed(event),
+            event = events.next() => match event {
+                Some(Ok(event)) => {
+                    if balancer.presence_event(event) {
+                        tick.reset_immediately();
                     }
-                    Some(Err(error)) => watch_failed(&mut refusals, "the presence Lease watch", &config.namespace, &error),
-                    None => break,
                 }
-                continue;
+                Some(Err(error)) => balancer.watch_failed("the presence Lease watch", &error),
+                None => break,
+            },
+            _ = tick.tick() => {
+                if balancer.round(&stop).await.is_break() {
+                    break;
+                }
             }
-            _ = tick.tick() => {}
         }
+    }
+    balancer.presence.remove().await;
+}
+
+/// The state of the balancing task between wake-ups, and what it does at each.
+struct Balancer {
+    hub: Arc<Context>,
+    config: BalanceConfig,
+    /// Our presence Lease.
+    presence: Presence,
+    /// The presence Leases, and what the last round counted.
+    view: PresenceView,
+    /// The driver Lease watch, while it runs.
+    feed: Option<LeaseStream>,
+    /// Refusals of either Lease watch, so that they are warned of at most every
+    /// [`WATCH_LOG_EVERY`].
+    refusals: crate::telemetry::Throttle,
+}
+
+impl Balancer {
+    /// A driver Lease was given up: its elector waits for it again, so the driver Lease watch
+    /// runs.
+    fn given_up(&mut self) {
+        if self.feed.is_none() {
+            tracing::debug!("a driver Lease was given up; watching the driver Leases");
+            self.feed = Some(lease_watch(&self.hub, &self.config.namespace, false));
+        }
+    }
+
+    /// An item of the driver Lease watch: an event goes to the electors, a failure is logged.
+    fn fed(&mut self, event: Result<LeaseEvent, kube::runtime::watcher::Error>) {
+        match event {
+            Ok(event) => feed_electors(&self.hub.shared, &event),
+            Err(error) => self.watch_failed("the driver Lease watch", &error),
+        }
+    }
+
+    /// A failure of the Lease watch `what`.
+    fn watch_failed(&mut self, what: &str, error: &kube::runtime::watcher::Error) {
+        watch_failed(&mut self.refusals, what, &self.config.namespace, error);
+    }
+
+    /// An event of the presence Lease watch; whether a round is due at once.
+    fn presence_event(&mut self, event: LeaseEvent) -> bool {
+        let (wall, now) = (Timestamp::now(), tokio::time::Instant::now());
+        match self.view.on_event(event, self.presence.name(), wall, now) {
+            Reaction::Nothing => false,
+            Reaction::RoundNow => true,
+            Reaction::Recount { group, others } => {
+                let (before, share) = self.hub.shared.balance.set_others(others);
+                if share != before {
+                    tracing::info!(share, %group, "leadership share changed");
+                }
+                false
+            }
+        }
+    }
+
+    /// One round: writes our presence if due, recounts the share, starts or stops the driver
+    /// Lease watch, and hands the surplus over. Breaks when `stop` comes during it.
+    async fn round(&mut self, stop: &CancellationToken) -> ControlFlow<()> {
         // Drivers with a Lease: every replica of the group has the same list, so the share is
         // computed over all of them, ready here or not.
-        let slots = hub.registry.slots();
+        let slots = self.hub.registry.slots();
         let candidates: Vec<_> = slots
             .iter()
             .filter(|d| d.settings().leader_election.is_some())
@@ -153,70 +172,64 @@ pub(crate) async fn balance_leases(
                 .iter()
                 .map(|d| d.settings().address.path().to_str().unwrap_or_default()),
         );
-        let known: Vec<&Lease> = leases.values().collect();
         let now = tokio::time::Instant::now();
-        peers = !balance::others_in_group(
-            known.iter().copied(),
-            &sightings,
-            presence.name(),
-            &group,
-            now,
-        )
-        .is_empty();
-        let own = known
-            .iter()
-            .copied()
-            .find(|l| l.metadata.name.as_deref() == Some(presence.name()));
-        let renew = balance::presence_due(own, &group, peers, renewed, config.retry_period, now);
+        let (own, period) = (self.presence.name(), self.config.retry_period);
+        let renew = self.view.plan_round(own, &group, period, now);
+        let known = self.view.known();
         let round = tokio::select! {
-            () = stop.cancelled() => break,
-            r = presence.round(
-                &hub.shared.balance, candidates.len(), &group, &known, &sightings, renew,
+            () = stop.cancelled() => return ControlFlow::Break(()),
+            r = self.presence.round(
+                &self.hub.shared.balance, candidates.len(), &group, &known, self.view.sightings(), renew,
             ) => r,
         };
-        counted_group = Some(group);
-        match round {
-            Ok(_) if renew => renewed = Some(now),
-            Ok(_) => {}
-            Err(error) => {
-                let grant = Grant {
-                    verb: "get, create and update",
-                    resource: "leases.coordination.k8s.io",
-                    namespace: Some(&config.namespace),
-                    granted_by: "bind deploy/base/rbac/role.yaml there (chart: rbac.create)",
-                };
-                let error = one_line(&error, Some(&grant));
-                tracing::warn!(error, "renewing replica presence failed");
-                continue;
-            }
+        self.view.counted(group, round.is_ok() && renew, now);
+        if let Err(error) = round {
+            let grant = Grant {
+                verb: "get, create and update",
+                resource: "leases.coordination.k8s.io",
+                namespace: Some(&self.config.namespace),
+                granted_by: "bind deploy/base/rbac/role.yaml there (chart: rbac.create)",
+            };
+            let error = one_line(&error, Some(&grant));
+            tracing::warn!(error, "renewing replica presence failed");
+            return ControlFlow::Continue(());
         }
-        let wanted = feed_wanted(peers, candidates.len(), hub.shared.balance.leading());
-        match (wanted, feed.is_some()) {
-            (true, false) => {
-                tracing::debug!(peers, "watching the driver Leases");
-                feed = Some(lease_watch(&hub, &config.namespace, false));
-            }
-            (false, true) => {
-                tracing::debug!(
-                    "every driver led here and no peer: not watching the driver Leases"
-                );
-                feed = None;
-                // What was fed grows stale from now on: a later elector starts from its own read.
-                for f in hub.shared.lease_feeds.iter() {
-                    f.send_replace(None);
-                }
-            }
-            _ => {}
-        }
-        for d in to_hand_over(&candidates, hub.shared.balance.surplus()) {
+        let wanted = feed_wanted(
+            self.view.peers(),
+            candidates.len(),
+            self.hub.shared.balance.leading(),
+        );
+        self.change_feed(feed_change(wanted, self.feed.is_some()));
+        for d in to_hand_over(&candidates, self.hub.shared.balance.surplus()) {
             tracing::info!(
                 driver = d.name().unwrap_or_default(),
                 "over this replica's share; handing the driver over"
             );
             d.hand_over();
         }
+        ControlFlow::Continue(())
     }
-    presence.remove().await;
+
+    /// Starts or stops the driver Lease watch.
+    fn change_feed(&mut self, change: Option<FeedChange>) {
+        match change {
+            Some(FeedChange::Start) => {
+                tracing::debug!(peers = self.view.peers(), "watching the driver Leases");
+                self.feed = Some(lease_watch(&self.hub, &self.config.namespace, false));
+            }
+            Some(FeedChange::Stop) => {
+                tracing::debug!(
+                    "every driver led here and no peer: not watching the driver Leases"
+                );
+                self.feed = None;
+                // What was fed grows stale from now on: a later elector starts from its own read.
+                for f in self.hub.shared.lease_feeds.iter() {
+                    f.send_replace(None);
+                }
+            }
+            None => {}
+        }
+    }
 }
 
 /// The drivers to hand over for a `surplus` of Leases: the leading ones with the greatest names
@@ -234,31 +247,6 @@ fn to_hand_over<'a>(candidates: &[&'a Arc<Driver>], surplus: usize) -> Vec<&'a A
     leading
 }
 
-/// Records in `sightings` the presence Lease `event` shows; whether the share should be
-/// recounted (a presence Lease applied or deleted, or a re-list done).
-fn sight(
-    sightings: &mut balance::Sightings,
-    event: &kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>,
-) -> bool {
-    use kube::runtime::watcher::Event;
-    let (wall, now) = (
-        k8s_openapi::jiff::Timestamp::now(),
-        tokio::time::Instant::now(),
-    );
-    match event {
-        Event::Apply(l) | Event::InitApply(l) if balance::is_presence(l) => {
-            sightings.saw(l, wall, now);
-            matches!(event, Event::Apply(_))
-        }
-        Event::Delete(l) if balance::is_presence(l) => {
-            sightings.forget(l.metadata.name.as_deref().unwrap_or_default());
-            true
-        }
-        Event::InitDone => true,
-        _ => false,
-    }
-}
-
 /// `event` with the Lease it carries.
 fn lease_event(
     event: kube::runtime::watcher::Event<crate::leader::LeanLease>,
@@ -273,30 +261,9 @@ fn lease_event(
     }
 }
 
-/// Whether `event` shows another replica's presence Lease (applied, not deleted).
-fn is_other_presence(
-    event: &kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>,
-    own: &str,
-) -> bool {
-    use kube::runtime::watcher::Event;
-    match event {
-        Event::Apply(l) | Event::InitApply(l) => {
-            l.metadata.name.as_deref() != Some(own) && balance::is_presence(l)
-        }
-        _ => false,
-    }
-}
-
-/// A Lease event as the watches pass it on.
-type LeaseEvent = kube::runtime::watcher::Event<k8s_openapi::api::coordination::v1::Lease>;
-
 /// A watch of the namespace's Leases, read without their managed fields (`LeanLease`), which
 /// nothing here needs: only the presence Leases, or all of them.
-fn lease_watch(
-    hub: &Context,
-    namespace: &str,
-    presence_only: bool,
-) -> futures::stream::BoxStream<'static, Result<LeaseEvent, kube::runtime::watcher::Error>> {
+fn lease_watch(hub: &Context, namespace: &str, presence_only: bool) -> LeaseStream {
     use futures::{StreamExt, TryStreamExt};
     use kube::runtime::{WatchStreamExt, watcher};
 
@@ -316,6 +283,10 @@ fn lease_watch(
     .map_ok(lease_event)
     .boxed()
 }
+
+/// One of the Lease watches.
+type LeaseStream =
+    futures::stream::BoxStream<'static, Result<LeaseEvent, kube::runtime::watcher::Error>>;
 
 /// How often a refused Lease watch is worth a warning (it retries every few seconds).
 const WATCH_LOG_EVERY: Duration = Duration::from_secs(30);
@@ -361,41 +332,6 @@ async fn next_or_pending<S: futures::Stream + Unpin>(stream: Option<&mut S>) -> 
     match stream {
         Some(s) => s.next().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Whether the driver Lease watch should run: while another replica of the group is alive
-/// (hand-overs between replicas), or while fewer driver Leases are held than there are drivers
-/// with leader election (an elector of ours may be waiting for a Lease: a Go sidecar's, one
-/// another replica holds, or a dead holder's). A lone replica that leads every driver has no
-/// use for it: each renewal of its own Leases would come back through it, a second read of
-/// every renewal for nothing (a leader learns that its Lease was taken from its next renewal,
-/// as client-go's does).
-fn feed_wanted(peers: bool, drivers: usize, leading: usize) -> bool {
-    peers || leading < drivers
-}
-
-/// Keeps `leases` (the presence Leases) in step with their watch.
-fn apply_lease_event(
-    leases: &mut HashMap<String, k8s_openapi::api::coordination::v1::Lease>,
-    listing: &mut HashMap<String, k8s_openapi::api::coordination::v1::Lease>,
-    event: LeaseEvent,
-) {
-    use kube::runtime::watcher::Event;
-    let name =
-        |l: &k8s_openapi::api::coordination::v1::Lease| l.metadata.name.clone().unwrap_or_default();
-    match event {
-        Event::Apply(lease) => {
-            leases.insert(name(&lease), lease);
-        }
-        Event::InitApply(lease) => {
-            listing.insert(name(&lease), lease);
-        }
-        Event::Delete(lease) => {
-            leases.remove(&name(&lease));
-        }
-        Event::Init => listing.clear(),
-        Event::InitDone => std::mem::swap(leases, listing),
     }
 }
 
@@ -479,31 +415,6 @@ mod tests {
         l
     }
 
-    /// The presence watch keeps the replica's view of the presence Leases (a re-list replaces
-    /// it whole).
-    #[test]
-    fn the_presence_watch_keeps_the_view() {
-        let (mut leases, mut listing) = (HashMap::new(), HashMap::new());
-        let mut apply = |e| apply_lease_event(&mut leases, &mut listing, e);
-        apply(Event::Init);
-        apply(Event::InitApply(lease("presence-x", "x")));
-        apply(Event::InitApply(lease("presence-y", "y")));
-        apply(Event::InitDone);
-        apply(Event::Delete(lease("presence-y", "y")));
-        apply(Event::Apply(lease("presence-z", "z")));
-        let mut kept: Vec<&String> = leases.keys().collect();
-        kept.sort();
-        assert_eq!(kept, ["presence-x", "presence-z"]);
-        // A re-list without presence-x forgets it.
-        let (mut leases2, mut listing2) = (leases.clone(), HashMap::new());
-        let mut apply = |e| apply_lease_event(&mut leases2, &mut listing2, e);
-        apply(Event::Init);
-        apply(Event::InitApply(lease("presence-z", "z")));
-        apply(Event::InitDone);
-        let kept: Vec<&String> = leases2.keys().collect();
-        assert_eq!(kept, ["presence-z"]);
-    }
-
     /// The driver Lease watch passes each copy of a driver Lease, and its deletion, to that
     /// Lease's elector, and nothing of other Leases.
     #[tokio::test(start_paused = true)]
@@ -536,16 +447,5 @@ mod tests {
         assert_eq!(holder(&seen), Some(Some(String::new())));
         feed_electors(shared, &Event::Delete(lease("lease-a", "")));
         assert_eq!(holder(&seen), Some(None), "deleted");
-    }
-
-    /// A lone replica that leads every driver does not watch the driver Leases; one that does
-    /// not lead them all, or has a peer, does.
-    #[test]
-    fn the_driver_lease_watch_runs_only_while_an_elector_may_wait() {
-        assert!(!feed_wanted(false, 100, 100));
-        assert!(!feed_wanted(false, 0, 0));
-        assert!(feed_wanted(false, 100, 99), "one driver is not led here");
-        assert!(feed_wanted(true, 100, 100), "a peer may hand a Lease over");
-        assert!(feed_wanted(true, 2, 1));
     }
 }

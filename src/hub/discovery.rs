@@ -227,23 +227,173 @@ fn check(before: Option<&Probed>, file: FileId, reconnecting: bool) -> Check {
     }
 }
 
+/// The sockets to look at: those registered with the kubelet (with the name each registered),
+/// then those matching the glob, each path once (a registration wins over the glob).
+fn candidates(
+    registered: Vec<(PathBuf, String)>,
+    globbed: Vec<PathBuf>,
+) -> Vec<(PathBuf, Option<String>)> {
+    let mut candidates: Vec<(PathBuf, Option<String>)> = Vec::new();
+    let named = registered.into_iter().map(|(p, n)| (p, Some(n)));
+    for (path, name) in named.chain(globbed.into_iter().map(|p| (p, None))) {
+        if !candidates.iter().any(|(p, _)| *p == path) {
+            candidates.push((path, name));
+        }
+    }
+    candidates
+}
+
+/// What a [`Check::Connect`] makes of the connection attempt `connected`, `before` being what
+/// the socket answered at the last scan: `Some` outcome, or `None` to probe it.
+fn after_connect(connected: Result<(), Unserved>, before: Outcome) -> Option<Outcome> {
+    match connected {
+        Err(why @ Unserved::StaleSocket { .. }) => Some(Outcome::Unserved(None, why)),
+        _ if matches!(before, Outcome::Serve(_)) => Some(before),
+        _ => None,
+    }
+}
+
+/// `outcome` judged against the name the socket was `registered` with the kubelet under, if
+/// any: a driver reporting another name is not served.
+fn against_registration(outcome: Outcome, registered: Option<String>) -> Outcome {
+    match (outcome, registered) {
+        (Outcome::Serve(name), Some(registered)) if name != registered => Outcome::Unserved(
+            Some(name.clone()),
+            Unserved::Unreachable {
+                reason: format!(
+                    "registered with the kubelet as {registered:?}, but the driver at this socket reports {name:?}"
+                ),
+            },
+        ),
+        (outcome, _) => outcome,
+    }
+}
+
+/// The `/drivers` record of the socket at `path` (none if its path is no address).
+fn record(path: &Path, name: Option<String>, why: Unserved, since: Timestamp) -> Option<Record> {
+    let socket = path.to_string_lossy().parse::<Address>().ok()?;
+    Some(Record {
+        socket,
+        name,
+        why,
+        since,
+    })
+}
+
+impl Scan {
+    /// Files the socket `address` by what it answered (`outcome`, so since `since`).
+    fn file(&mut self, address: Address, outcome: &Outcome, since: Timestamp) {
+        match outcome {
+            Outcome::Serve(name) => self.serve.push(Found {
+                address,
+                name: name.clone(),
+            }),
+            Outcome::Unserved(name, why) => self.unserved.push(Record {
+                socket: address,
+                name: name.clone(),
+                why: why.clone(),
+                since,
+            }),
+        }
+    }
+
+    /// Sorts both lists by socket path.
+    fn sort(&mut self) {
+        self.serve
+            .sort_by(|a, b| a.address.path().cmp(b.address.path()));
+        self.unserved
+            .sort_by(|a, b| a.socket.path().cmp(b.socket.path()));
+    }
+}
+
+impl Memory {
+    /// Since when the socket at `path` has answered `outcome`: `None` when that is new (its
+    /// answer changed, or it was not known).
+    fn since(&self, path: &Path, outcome: &Outcome) -> Option<Timestamp> {
+        self.sockets
+            .get(path)
+            .filter(|before| before.outcome == *outcome)
+            .map(|before| before.since)
+    }
+
+    /// Forgets the registration sockets not among `sockets` (path and file) now: a removed
+    /// file, or a new file at the path (a plugin registered again), is read anew.
+    fn forget_registrations(&mut self, sockets: &[(PathBuf, FileId)]) {
+        self.registrations
+            .retain(|path, (file, _)| sockets.contains(&(path.clone(), *file)));
+        self.bad_registrations
+            .retain(|path, _| sockets.iter().any(|(p, _)| p == path));
+    }
+
+    /// Remembers what the registration `file` at `socket` registered; whether it had been
+    /// found unusable before (it answers again).
+    fn registration_read(&mut self, socket: &Path, file: FileId, read: Registration) -> bool {
+        let recovered = self.bad_registrations.remove(socket).is_some();
+        self.registrations
+            .insert(socket.to_path_buf(), (file, read));
+        recovered
+    }
+
+    /// Remembers that the registration socket at `socket` is unusable for `why` (not as read:
+    /// it is asked again at the next scan), found so at `now`. Returns since when it has been
+    /// so, and whether that is new (a first failure, or another reason).
+    fn registration_failed(
+        &mut self,
+        socket: &Path,
+        why: &Unserved,
+        now: Timestamp,
+    ) -> (Timestamp, bool) {
+        match self.bad_registrations.get(socket) {
+            Some((before, since)) if before == why => (*since, false),
+            _ => {
+                self.bad_registrations
+                    .insert(socket.to_path_buf(), (why.clone(), now));
+                (now, true)
+            }
+        }
+    }
+}
+
+/// What the socket at `path` answers at this scan, by its `check` and what it answered
+/// `before`; and whether it dropped the connection when asked ControllerGetCapabilities.
+async fn checked(
+    path: &Path,
+    check: Check,
+    before: Option<Outcome>,
+    crashed: &HashSet<(PathBuf, String)>,
+) -> (Outcome, bool) {
+    match (check, before) {
+        (Check::Keep, Some(before)) => (before, false),
+        (Check::Connect, Some(before)) => match after_connect(connect(path).await, before) {
+            Some(outcome) => (outcome, false),
+            None => probe(path, crashed).await,
+        },
+        _ => probe(path, crashed).await,
+    }
+}
+
+/// The sockets in the registration directory `dir` now, with which file each is.
+fn registration_sockets(dir: &Path) -> Vec<(PathBuf, FileId)> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter_map(|p| FileId::of_socket(&p).map(|f| (p, f)))
+            .collect(),
+        Err(error) => {
+            tracing::debug!(dir = %dir.display(), %error, "cannot read the plugin registration directory");
+            Vec::new()
+        }
+    }
+}
+
 impl Discovery {
     /// Everything discovered now, each socket sorted by path. `reconnecting`: the served
     /// discovered sockets whose driver is trying to connect again (checked for staleness).
     pub(crate) async fn scan(&self, memory: &mut Memory, reconnecting: &HashSet<PathBuf>) -> Scan {
-        let mut unserved = Vec::new();
-        // Socket -> the name it registered, if found through the registration directory.
-        let mut candidates: Vec<(PathBuf, Option<String>)> = Vec::new();
-        for (endpoint, name) in self.scan_registrations(memory, &mut unserved).await {
-            if !candidates.iter().any(|(p, _)| *p == endpoint) {
-                candidates.push((endpoint, Some(name)));
-            }
-        }
-        for path in self.scan_glob() {
-            if !candidates.iter().any(|(p, _)| *p == path) {
-                candidates.push((path, None));
-            }
-        }
+        let mut scan = Scan::default();
+        let registered = self.scan_registrations(memory, &mut scan.unserved).await;
+        let candidates = candidates(registered, self.scan_glob());
 
         // Probe what needs it, all at once (a driver that does not answer delays the others
         // by at most `PROBE_TIMEOUT`).
@@ -262,63 +412,24 @@ impl Discovery {
         let crashed = &memory.crashed;
         let outcomes = futures::future::join_all(checks.iter().map(|(path, _, _, c)| {
             let before = memory.sockets.get(path).map(|p| p.outcome.clone());
-            async move {
-                match (c, before) {
-                    (Check::Keep, Some(before)) => (before, false),
-                    (Check::Connect, Some(before)) => match connect(path).await {
-                        Err(why @ Unserved::StaleSocket { .. }) => {
-                            (Outcome::Unserved(None, why), false)
-                        }
-                        _ if matches!(before, Outcome::Serve(_)) => (before, false),
-                        _ => probe(path, crashed).await,
-                    },
-                    _ => probe(path, crashed).await,
-                }
-            }
+            checked(path, *c, before, crashed)
         }))
         .await;
 
-        let mut serve = Vec::new();
         let mut seen = HashSet::new();
         for ((path, registered, file, _), (outcome, crashed)) in checks.into_iter().zip(outcomes) {
             if let (true, Outcome::Unserved(Some(name), _)) = (crashed, &outcome) {
                 memory.crashed.insert((path.clone(), name.clone()));
             }
-            let outcome = match (outcome, registered) {
-                (Outcome::Serve(name), Some(registered)) if name != registered => {
-                    Outcome::Unserved(
-                        Some(name.clone()),
-                        Unserved::Unreachable {
-                            reason: format!(
-                                "registered with the kubelet as {registered:?}, but the driver at this socket reports {name:?}"
-                            ),
-                        },
-                    )
-                }
-                (outcome, _) => outcome,
-            };
+            let outcome = against_registration(outcome, registered);
             let Ok(address) = path.to_string_lossy().parse::<Address>() else {
                 continue;
             };
-            let since = match memory.sockets.get(&path) {
-                Some(before) if before.outcome == outcome => before.since,
-                _ => {
-                    log_outcome(&address, &outcome);
-                    Timestamp::now()
-                }
-            };
-            match &outcome {
-                Outcome::Serve(name) => serve.push(Found {
-                    address,
-                    name: name.clone(),
-                }),
-                Outcome::Unserved(name, why) => unserved.push(Record {
-                    socket: address,
-                    name: name.clone(),
-                    why: why.clone(),
-                    since,
-                }),
-            }
+            let since = memory.since(&path, &outcome).unwrap_or_else(|| {
+                log_outcome(&address, &outcome);
+                Timestamp::now()
+            });
+            scan.file(address, &outcome, since);
             seen.insert(path.clone());
             memory.sockets.insert(
                 path,
@@ -330,9 +441,8 @@ impl Discovery {
             );
         }
         memory.sockets.retain(|path, _| seen.contains(path));
-        serve.sort_by(|a, b| a.address.path().cmp(b.address.path()));
-        unserved.sort_by(|a, b| a.socket.path().cmp(b.socket.path()));
-        Scan { serve, unserved }
+        scan.sort();
+        scan
     }
 
     /// The sockets matching the glob now.
@@ -363,78 +473,56 @@ impl Discovery {
         let Some(dir) = &self.registration_dir else {
             return Vec::new();
         };
-        let sockets: Vec<(PathBuf, FileId)> = match std::fs::read_dir(dir) {
-            Ok(entries) => entries
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter_map(|p| FileId::of_socket(&p).map(|f| (p, f)))
-                .collect(),
-            Err(error) => {
-                tracing::debug!(dir = %dir.display(), %error, "cannot read the plugin registration directory");
-                Vec::new()
-            }
-        };
-        memory
-            .registrations
-            .retain(|path, (file, _)| sockets.contains(&(path.clone(), *file)));
-        memory
-            .bad_registrations
-            .retain(|path, _| sockets.iter().any(|(p, _)| p == path));
+        let sockets = registration_sockets(dir);
+        memory.forget_registrations(&sockets);
         let mut found = Vec::new();
         for (socket, file) in sockets {
-            let registration = match memory.registrations.get(&socket) {
-                Some((_, r)) => r.clone(),
-                None => match read_registration(&socket).await {
-                    Ok(r) => {
-                        if memory.bad_registrations.remove(&socket).is_some() {
-                            tracing::info!(registration = %socket.display(), "the registration socket answers again");
-                        }
-                        memory
-                            .registrations
-                            .insert(socket.clone(), (file, r.clone()));
-                        r
-                    }
-                    Err(why) => {
-                        // Not remembered as read: asked again at the next scan.
-                        let since = match memory.bad_registrations.get(&socket) {
-                            Some((before, since)) if *before == why => *since,
-                            _ => {
-                                tracing::info!(registration = %socket.display(), reason = %why.reason(), "a plugin registration socket is not served");
-                                let now = Timestamp::now();
-                                memory
-                                    .bad_registrations
-                                    .insert(socket.clone(), (why.clone(), now));
-                                now
-                            }
-                        };
-                        if let Ok(address) = socket.to_string_lossy().parse::<Address>() {
-                            unserved.push(Record {
-                                socket: address,
-                                name: None,
-                                why,
-                                since,
-                            });
-                        }
-                        continue;
-                    }
-                },
+            let registration = match registration(memory, &socket, file).await {
+                Ok(registration) => registration,
+                Err(record) => {
+                    unserved.extend(record);
+                    continue;
+                }
             };
             match registration {
                 Registration::Csi { name, endpoint } => found.push((endpoint, name)),
                 Registration::Other => {}
-                Registration::BadEndpoint(reason) => {
-                    if let Ok(address) = socket.to_string_lossy().parse::<Address>() {
-                        unserved.push(Record {
-                            socket: address,
-                            name: None,
-                            why: Unserved::Unreachable { reason },
-                            since: Timestamp::now(),
-                        });
-                    }
-                }
+                Registration::BadEndpoint(reason) => unserved.extend(record(
+                    &socket,
+                    None,
+                    Unserved::Unreachable { reason },
+                    Timestamp::now(),
+                )),
             }
         }
         found
+    }
+}
+
+/// What the registration `file` at `socket` registered: remembered, or read now. Unusable,
+/// the `/drivers` record of why (none if its path is no address).
+async fn registration(
+    memory: &mut Memory,
+    socket: &Path,
+    file: FileId,
+) -> Result<Registration, Option<Record>> {
+    if let Some((_, r)) = memory.registrations.get(socket) {
+        return Ok(r.clone());
+    }
+    match read_registration(socket).await {
+        Ok(r) => {
+            if memory.registration_read(socket, file, r.clone()) {
+                tracing::info!(registration = %socket.display(), "the registration socket answers again");
+            }
+            Ok(r)
+        }
+        Err(why) => {
+            let (since, new) = memory.registration_failed(socket, &why, Timestamp::now());
+            if new {
+                tracing::info!(registration = %socket.display(), reason = %why.reason(), "a plugin registration socket is not served");
+            }
+            Err(record(socket, None, why, since))
+        }
     }
 }
 
@@ -734,6 +822,195 @@ mod tests {
         let again = discovery.scan(&mut memory, &HashSet::new()).await;
         assert_eq!(again.unserved, scan.unserved);
         assert_eq!(node.calls_of("GetPluginInfo").len(), asked);
+    }
+
+    fn stale(reason: &str) -> Unserved {
+        Unserved::StaleSocket {
+            reason: reason.into(),
+        }
+    }
+
+    fn unreachable(reason: &str) -> Unserved {
+        Unserved::Unreachable {
+            reason: reason.into(),
+        }
+    }
+
+    /// The registered sockets come first, with their names; a globbed socket also registered
+    /// is looked at once, as registered.
+    #[test]
+    fn a_socket_both_registered_and_globbed_is_a_candidate_once_as_registered() {
+        let p = PathBuf::from;
+        let got = candidates(
+            vec![
+                (p("/r/b.sock"), "b".into()),
+                (p("/r/a.sock"), "a".into()),
+                (p("/r/b.sock"), "b2".into()),
+            ],
+            vec![p("/g/c.sock"), p("/r/a.sock"), p("/g/c.sock")],
+        );
+        assert_eq!(
+            got,
+            [
+                (p("/r/b.sock"), Some("b".into())),
+                (p("/r/a.sock"), Some("a".into())),
+                (p("/g/c.sock"), None),
+            ]
+        );
+        assert!(candidates(Vec::new(), Vec::new()).is_empty());
+    }
+
+    /// A socket checked by connecting: refused is stale whatever it answered before; otherwise
+    /// a served driver stays served, and anything else is probed.
+    #[test]
+    fn a_connection_check_finds_a_stale_socket_keeps_a_served_one_and_probes_the_rest() {
+        let serve = Outcome::Serve("d".into());
+        let was_stale = Outcome::Unserved(None, stale("before"));
+        assert_eq!(
+            after_connect(Err(stale("now")), serve.clone()),
+            Some(Outcome::Unserved(None, stale("now")))
+        );
+        assert_eq!(
+            after_connect(Err(stale("now")), was_stale.clone()),
+            Some(Outcome::Unserved(None, stale("now")))
+        );
+        assert_eq!(after_connect(Ok(()), serve.clone()), Some(serve.clone()));
+        assert_eq!(
+            after_connect(Err(unreachable("denied")), serve.clone()),
+            Some(serve)
+        );
+        assert_eq!(after_connect(Ok(()), was_stale.clone()), None);
+        assert_eq!(after_connect(Err(unreachable("denied")), was_stale), None);
+    }
+
+    /// A driver served under another name than it registered with the kubelet is not served.
+    #[test]
+    fn a_driver_reporting_another_name_than_it_registered_is_not_served() {
+        let serve = Outcome::Serve("a.example.com".into());
+        assert_eq!(against_registration(serve.clone(), None), serve);
+        assert_eq!(
+            against_registration(serve.clone(), Some("a.example.com".into())),
+            serve
+        );
+        match against_registration(serve, Some("b.example.com".into())) {
+            Outcome::Unserved(Some(name), Unserved::Unreachable { reason }) => {
+                assert_eq!(name, "a.example.com");
+                assert!(reason.contains("\"b.example.com\""), "{reason}");
+            }
+            other => panic!("served: {other:?}"),
+        }
+        let node = Outcome::Unserved(Some("n".into()), unreachable("x"));
+        assert_eq!(against_registration(node.clone(), Some("m".into())), node);
+    }
+
+    /// A socket's answer keeps the time it was first given; a new answer is new.
+    #[test]
+    fn an_answer_given_again_keeps_its_first_time() {
+        let then = Timestamp::from_second(1_000).expect("a time");
+        let mut memory = Memory::default();
+        let path = Path::new("/p/csi.sock");
+        let serve = Outcome::Serve("d".into());
+        assert_eq!(memory.since(path, &serve), None, "not known");
+        memory.sockets.insert(
+            path.to_path_buf(),
+            Probed {
+                file: FileId(1, 2, 3, 4),
+                outcome: serve.clone(),
+                since: then,
+            },
+        );
+        assert_eq!(memory.since(path, &serve), Some(then));
+        assert_eq!(
+            memory.since(path, &Outcome::Unserved(None, stale("gone"))),
+            None
+        );
+        assert_eq!(memory.since(Path::new("/q/csi.sock"), &serve), None);
+    }
+
+    /// A registration read is remembered for its file; an unusable one keeps the time it was
+    /// first found so for the same reason, and is forgotten with its file.
+    #[test]
+    fn registrations_are_remembered_by_file_and_failures_by_reason() {
+        let (t1, t2) = (
+            Timestamp::from_second(1_000).expect("a time"),
+            Timestamp::from_second(2_000).expect("a time"),
+        );
+        let socket = Path::new("/reg/a.sock");
+        let (file, newer) = (FileId(1, 1, 1, 1), FileId(1, 1, 2, 2));
+        let mut memory = Memory::default();
+
+        assert_eq!(
+            memory.registration_failed(socket, &stale("x"), t1),
+            (t1, true)
+        );
+        assert_eq!(
+            memory.registration_failed(socket, &stale("x"), t2),
+            (t1, false)
+        );
+        assert_eq!(
+            memory.registration_failed(socket, &unreachable("y"), t2),
+            (t2, true),
+            "another reason"
+        );
+        let read = Registration::Csi {
+            name: "a".into(),
+            endpoint: PathBuf::from("/plugins/a/csi.sock"),
+        };
+        assert!(
+            memory.registration_read(socket, file, read.clone()),
+            "answers again"
+        );
+        assert!(memory.bad_registrations.is_empty());
+        assert_eq!(memory.registrations[socket], (file, read.clone()));
+        assert!(!memory.registration_read(socket, file, read));
+
+        // The same file stays; a new file at the path, or none, is forgotten.
+        memory.forget_registrations(&[(socket.to_path_buf(), file)]);
+        assert_eq!(memory.registrations.len(), 1);
+        memory.forget_registrations(&[(socket.to_path_buf(), newer)]);
+        assert!(memory.registrations.is_empty());
+        memory.registration_failed(socket, &stale("x"), t1);
+        memory.forget_registrations(&[(socket.to_path_buf(), newer)]);
+        assert_eq!(memory.bad_registrations.len(), 1, "the path is still there");
+        memory.forget_registrations(&[]);
+        assert!(memory.bad_registrations.is_empty());
+    }
+
+    /// A scan files each socket by its answer, and sorts both lists by path.
+    #[test]
+    fn a_scan_files_served_and_unserved_sockets_sorted_by_path() {
+        let at = |s: &str| -> Address { s.parse().expect("a path") };
+        let since = Timestamp::from_second(1_000).expect("a time");
+        let mut scan = Scan::default();
+        scan.file(at("/b/csi.sock"), &Outcome::Serve("b".into()), since);
+        scan.file(at("/a/csi.sock"), &Outcome::Serve("a".into()), since);
+        scan.file(
+            at("/d/csi.sock"),
+            &Outcome::Unserved(Some("d".into()), unreachable("x")),
+            since,
+        );
+        scan.unserved
+            .extend(record(Path::new("/c/reg.sock"), None, stale("y"), since));
+        scan.sort();
+        let served: Vec<&str> = scan.serve.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(served, ["a", "b"]);
+        assert_eq!(
+            scan.unserved,
+            [
+                Record {
+                    socket: at("/c/reg.sock"),
+                    name: None,
+                    why: stale("y"),
+                    since,
+                },
+                Record {
+                    socket: at("/d/csi.sock"),
+                    name: Some("d".into()),
+                    why: unreachable("x"),
+                    since,
+                },
+            ]
+        );
     }
 
     #[test]

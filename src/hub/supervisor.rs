@@ -100,11 +100,7 @@ impl Supervisor {
             Source::File { path, .. } => digest(path),
             _ => None,
         };
-        let discovery = match &self.source {
-            Source::File { discover, .. } => discover.clone(),
-            Source::Discover(d) => Some(d.clone()),
-            Source::Fixed => None,
-        };
+        let discovery = discovery_of(&self.source);
         let mut memory = discovery::Memory::default();
         let mut found = match &discovery {
             Some(d) => self.scan(d, &mut memory).await,
@@ -120,36 +116,16 @@ impl Supervisor {
         loop {
             let forced = tokio::select! {
                 () = shutdown.cancelled() => break,
-                _ = async {
-                    match hangup.as_mut() {
-                        Some(h) => { h.recv().await; }
-                        None => std::future::pending::<()>().await,
-                    }
-                } => true,
+                () = hangup_or_pending(hangup.as_mut()) => true,
                 _ = tick.tick() => false,
             };
             // The running set changes only when the list does: an idle tick costs a read of
             // the file and a scan, not a comparison of every driver's settings.
             let mut changed = false;
-            if let Source::File { path, load, .. } = &self.source {
-                let now = digest(path);
-                if forced || now != file_digest {
-                    file_digest = now;
-                    tracing::info!(path = %path.display(), signal = forced, "re-reading the driver file");
-                    match load(path) {
-                        Ok(config) => {
-                            configured = config.drivers;
-                            named = config.discovered;
-                            changed = true;
-                            self.hub.shared.api_cap.set_limit(config.hub_api_cap);
-                            self.hub.config.reloaded();
-                        }
-                        Err(error) => {
-                            tracing::error!(%error, "the new driver file is invalid; keeping the running configuration");
-                            self.hub.config.rejected(&error);
-                        }
-                    }
-                }
+            if let Some(config) = self.reload(forced, &mut file_digest) {
+                configured = config.drivers;
+                named = config.discovered;
+                changed = true;
             }
             if let Some(d) = &discovery {
                 let now = self.scan(d, &mut memory).await;
@@ -167,6 +143,34 @@ impl Supervisor {
         tracing::info!("shutting down: draining drivers and releasing leases");
         let all: Vec<PathBuf> = self.running.keys().cloned().collect();
         self.stop(all).await;
+    }
+
+    /// Re-reads the driver file, if the list comes from one, when `forced` (SIGHUP) or when its
+    /// content no longer matches `file_digest` (which follows it). Returns the new list if it
+    /// is valid (its API cap applied at once); an invalid one is logged, shown in `/drivers`,
+    /// and changes nothing.
+    fn reload(&self, forced: bool, file_digest: &mut Option<u64>) -> Option<config::Config> {
+        let Source::File { path, load, .. } = &self.source else {
+            return None;
+        };
+        let now = digest(path);
+        if !reread(forced, *file_digest, now) {
+            return None;
+        }
+        *file_digest = now;
+        tracing::info!(path = %path.display(), signal = forced, "re-reading the driver file");
+        match load(path) {
+            Ok(config) => {
+                self.hub.shared.api_cap.set_limit(config.hub_api_cap);
+                self.hub.config.reloaded();
+                Some(config)
+            }
+            Err(error) => {
+                tracing::error!(%error, "the new driver file is invalid; keeping the running configuration");
+                self.hub.config.rejected(&error);
+                None
+            }
+        }
     }
 
     /// Scans for driver sockets; records the ones not served for `/drivers` and returns the
@@ -205,88 +209,127 @@ impl Supervisor {
     /// Makes the running set equal to `configured` plus the discovered
     /// sockets that are not configured.
     async fn apply(&mut self, configured: &[Settings], discovered: &[Settings]) {
-        let mut desired: Vec<(Settings, Origin)> = configured
-            .iter()
-            .cloned()
-            .map(|s| (s, Origin::Configured))
-            .collect();
-        for d in discovered {
-            if !desired.iter().any(|(s, _)| s.address == d.address) {
-                desired.push((d.clone(), Origin::Discovered));
-            }
-        }
-        let wanted: HashMap<PathBuf, (Settings, Origin)> = desired
-            .into_iter()
-            .map(|(s, o)| (s.address.path().to_path_buf(), (s, o)))
-            .collect();
-
+        let plan = plan(
+            self.running
+                .iter()
+                .map(|(path, r)| (path, &r.settings, r.origin)),
+            configured,
+            discovered,
+        );
         // Stop what is gone or changed, all at once, then wait for them.
-        let stale: Vec<PathBuf> = self
-            .running
-            .iter()
-            .filter(|(path, r)| {
-                wanted
-                    .get(*path)
-                    .is_none_or(|(s, o)| *s != r.settings || *o != r.origin)
-            })
-            .map(|(path, _)| path.clone())
-            .collect();
-        for path in &stale {
+        for path in &plan.stop {
             if let Some(r) = self.running.get(path) {
-                match r.driver.name().or_else(|| r.settings.expected_name.clone()) {
-                    Some(name) => {
-                        tracing::info!(driver = %name, socket = %r.settings.address, "stopping driver (removed or changed)")
-                    }
-                    None => {
-                        tracing::info!(socket = %r.settings.address, "stopping driver (removed or changed)")
-                    }
-                }
+                log_stopping(r);
             }
         }
-        self.stop(stale).await;
-
+        self.stop(plan.stop).await;
         // Start what is new (or changed).
-        let mut new: Vec<(PathBuf, (Settings, Origin))> = wanted
-            .into_iter()
-            .filter(|(path, _)| !self.running.contains_key(path))
-            .collect();
-        new.sort_by(|a, b| a.0.cmp(&b.0));
-        for (path, (settings, origin)) in new {
-            match &settings.expected_name {
-                Some(name) => {
-                    tracing::info!(driver = %name, socket = %settings.address, ?origin, "starting driver")
-                }
-                None => tracing::info!(socket = %settings.address, ?origin, "starting driver"),
-            }
-            let driver = Driver::new(settings.clone(), origin);
-            self.hub.registry.add_slot(driver.clone());
-            let stop = CancellationToken::new();
-            // Every line of the driver's life names it: by its configured name, or by the name
-            // it reports once connected (recorded into this span), and by its socket until
-            // then.
-            let span = match &settings.expected_name {
-                Some(name) => {
-                    tracing::info_span!("driver", driver = %name, socket = %settings.address)
-                }
-                None => {
-                    tracing::info_span!("driver", driver = tracing::field::Empty, socket = %settings.address)
-                }
-            };
-            let task = tokio::spawn(
-                supervised(driver.clone(), self.hub.clone(), stop.clone()).instrument(span),
-            );
-            self.running.insert(
-                path,
-                Running {
-                    settings,
-                    origin,
-                    driver,
-                    stop,
-                    task,
-                },
-            );
+        for (path, settings, origin) in plan.start {
+            self.start(path, settings, origin);
         }
     }
+
+    /// Starts the driver of `settings` at `path` in a slot of its own.
+    fn start(&mut self, path: PathBuf, settings: Settings, origin: Origin) {
+        match &settings.expected_name {
+            Some(name) => {
+                tracing::info!(driver = %name, socket = %settings.address, ?origin, "starting driver")
+            }
+            None => tracing::info!(socket = %settings.address, ?origin, "starting driver"),
+        }
+        let driver = Driver::new(settings.clone(), origin);
+        self.hub.registry.add_slot(driver.clone());
+        let stop = CancellationToken::new();
+        // Every line of the driver's life names it: by its configured name, or by the name
+        // it reports once connected (recorded into this span), and by its socket until
+        // then.
+        let span = match &settings.expected_name {
+            Some(name) => {
+                tracing::info_span!("driver", driver = %name, socket = %settings.address)
+            }
+            None => {
+                tracing::info_span!("driver", driver = tracing::field::Empty, socket = %settings.address)
+            }
+        };
+        let task = tokio::spawn(
+            supervised(driver.clone(), self.hub.clone(), stop.clone()).instrument(span),
+        );
+        self.running.insert(
+            path,
+            Running {
+                settings,
+                origin,
+                driver,
+                stop,
+                task,
+            },
+        );
+    }
+}
+
+/// Logs that the running driver `r` is stopped because the list no longer has it as it runs.
+fn log_stopping(r: &Running) {
+    match r.driver.name().or_else(|| r.settings.expected_name.clone()) {
+        Some(name) => {
+            tracing::info!(driver = %name, socket = %r.settings.address, "stopping driver (removed or changed)")
+        }
+        None => {
+            tracing::info!(socket = %r.settings.address, "stopping driver (removed or changed)")
+        }
+    }
+}
+
+/// What [`Supervisor::apply`] does to the running set.
+#[derive(Debug, PartialEq)]
+struct Plan {
+    /// The slots to stop (their driver is gone from the list, or its settings or origin
+    /// changed), by socket path.
+    stop: Vec<PathBuf>,
+    /// The drivers to start once those are stopped (new, or changed), by socket path.
+    start: Vec<(PathBuf, Settings, Origin)>,
+}
+
+/// How the `running` slots (socket path, settings, origin) become `configured` plus the
+/// `discovered` sockets that are not configured (a socket both configured and discovered runs
+/// as configured). A slot whose settings and origin stay is left alone. Both lists are sorted
+/// by path.
+fn plan<'a>(
+    running: impl IntoIterator<Item = (&'a PathBuf, &'a Settings, Origin)>,
+    configured: &[Settings],
+    discovered: &[Settings],
+) -> Plan {
+    let mut desired: Vec<(Settings, Origin)> = configured
+        .iter()
+        .cloned()
+        .map(|s| (s, Origin::Configured))
+        .collect();
+    for d in discovered {
+        if !desired.iter().any(|(s, _)| s.address == d.address) {
+            desired.push((d.clone(), Origin::Discovered));
+        }
+    }
+    let wanted: HashMap<PathBuf, (Settings, Origin)> = desired
+        .into_iter()
+        .map(|(s, o)| (s.address.path().to_path_buf(), (s, o)))
+        .collect();
+    let mut kept = HashSet::new();
+    let mut stop = Vec::new();
+    for (path, settings, origin) in running {
+        match wanted.get(path) {
+            Some((s, o)) if s == settings && *o == origin => {
+                kept.insert(path.clone());
+            }
+            _ => stop.push(path.clone()),
+        }
+    }
+    stop.sort();
+    let mut start: Vec<(PathBuf, Settings, Origin)> = wanted
+        .into_iter()
+        .filter(|(path, _)| !kept.contains(path))
+        .map(|(path, (s, o))| (path, s, o))
+        .collect();
+    start.sort_by(|a, b| a.0.cmp(&b.0));
+    Plan { stop, start }
 }
 
 /// The settings of each discovered driver: those `drivers.yaml` gives its name, else the
@@ -310,6 +353,31 @@ fn resolve(
             }
         })
         .collect()
+}
+
+/// Where `source` discovers drivers, if it does.
+fn discovery_of(source: &Source) -> Option<Discovery> {
+    match source {
+        Source::File { discover, .. } => discover.clone(),
+        Source::Discover(d) => Some(d.clone()),
+        Source::Fixed => None,
+    }
+}
+
+/// Whether the driver file is read again: on SIGHUP (`forced`), or when its fingerprint `now`
+/// differs from the one read `before` (it became readable or unreadable too).
+fn reread(forced: bool, before: Option<u64>, now: Option<u64>) -> bool {
+    forced || now != before
+}
+
+/// The next SIGHUP of `hangup`; never, without one.
+async fn hangup_or_pending(hangup: Option<&mut tokio::signal::unix::Signal>) {
+    match hangup {
+        Some(h) => {
+            h.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
 }
 
 /// A cheap fingerprint of a file's content (`None` if unreadable).
@@ -453,6 +521,138 @@ mod tests {
         assert_eq!(discovered.state(), State::Stopped);
         let all: Vec<PathBuf> = sup.running.keys().cloned().collect();
         sup.stop(all).await;
+    }
+
+    /// The running slots as [`plan`] takes them.
+    fn slots_of(running: &[(PathBuf, Settings, Origin)]) -> Vec<(&PathBuf, &Settings, Origin)> {
+        running.iter().map(|(p, s, o)| (p, s, *o)).collect()
+    }
+
+    fn path(s: &Settings) -> PathBuf {
+        s.address.path().to_path_buf()
+    }
+
+    /// A changed driver is stopped and started again, a new one started, a gone one stopped, an
+    /// unchanged one left alone; both lists come sorted by socket path.
+    #[test]
+    fn the_plan_stops_what_is_gone_or_changed_and_starts_what_is_new_or_changed() {
+        let dir = Path::new("/plan");
+        let (a, b, c, d) = (
+            settings(dir, "a.sock"),
+            settings(dir, "b.sock"),
+            settings(dir, "c.sock"),
+            settings(dir, "d.sock"),
+        );
+        let mut a2 = a.clone();
+        a2.timeout = Duration::from_secs(7);
+        let running = [
+            (path(&d), d.clone(), Origin::Configured),
+            (path(&b), b.clone(), Origin::Configured),
+            (path(&a), a.clone(), Origin::Configured),
+        ];
+        let got = plan(slots_of(&running), &[c.clone(), b.clone(), a2.clone()], &[]);
+        assert_eq!(got.stop, [path(&a), path(&d)]);
+        assert_eq!(
+            got.start,
+            [
+                (path(&a), a2, Origin::Configured),
+                (path(&c), c.clone(), Origin::Configured),
+            ]
+        );
+        // The same list again changes nothing.
+        let running = [
+            (path(&b), b.clone(), Origin::Configured),
+            (path(&c), c.clone(), Origin::Configured),
+        ];
+        let same = plan(slots_of(&running), &[b, c], &[]);
+        assert_eq!(
+            same,
+            Plan {
+                stop: Vec::new(),
+                start: Vec::new()
+            }
+        );
+    }
+
+    /// A socket both configured and discovered runs as configured; one that was discovered
+    /// and is configured now starts again as configured, and the other way round.
+    #[test]
+    fn the_plan_runs_a_socket_configured_and_discovered_as_configured() {
+        let dir = Path::new("/plan");
+        let (a, d) = (settings(dir, "a.sock"), settings(dir, "d.sock"));
+        let fresh = plan(
+            slots_of(&[]),
+            std::slice::from_ref(&a),
+            &[a.clone(), d.clone()],
+        );
+        assert!(fresh.stop.is_empty());
+        assert_eq!(
+            fresh.start,
+            [
+                (path(&a), a.clone(), Origin::Configured),
+                (path(&d), d.clone(), Origin::Discovered),
+            ]
+        );
+        let running = [
+            (path(&a), a.clone(), Origin::Configured),
+            (path(&d), d.clone(), Origin::Discovered),
+        ];
+        let configured = plan(
+            slots_of(&running),
+            &[a.clone(), d.clone()],
+            std::slice::from_ref(&d),
+        );
+        assert_eq!(configured.stop, [path(&d)]);
+        assert_eq!(
+            configured.start,
+            [(path(&d), d.clone(), Origin::Configured)]
+        );
+        let running = [
+            (path(&a), a.clone(), Origin::Configured),
+            (path(&d), d.clone(), Origin::Configured),
+        ];
+        let discovered = plan(
+            slots_of(&running),
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&d),
+        );
+        assert_eq!(discovered.stop, [path(&d)]);
+        assert_eq!(discovered.start, [(path(&d), d, Origin::Discovered)]);
+    }
+
+    #[test]
+    fn the_driver_file_is_read_again_on_sighup_or_when_its_content_changes() {
+        assert!(!reread(false, Some(1), Some(1)));
+        assert!(reread(true, Some(1), Some(1)), "SIGHUP");
+        assert!(reread(false, Some(1), Some(2)));
+        assert!(reread(false, Some(1), None), "it became unreadable");
+        assert!(reread(false, None, Some(1)), "it became readable");
+        assert!(!reread(false, None, None));
+    }
+
+    #[test]
+    fn only_a_file_with_a_glob_and_a_glob_alone_discover_drivers() {
+        let discovery = Discovery {
+            pattern: Some("/plugins/*/csi.sock".into()),
+            registration_dir: None,
+            settings_for: Arc::new(|_| unreachable!("not asked")),
+        };
+        let file = |discover| Source::File {
+            path: "/etc/drivers.yaml".into(),
+            load: Arc::new(|_| Err(String::new())),
+            discover,
+        };
+        let pattern = |s: &Source| discovery_of(s).and_then(|d| d.pattern);
+        assert_eq!(pattern(&Source::Fixed), None);
+        assert_eq!(pattern(&file(None)), None);
+        assert_eq!(
+            pattern(&file(Some(discovery.clone()))).as_deref(),
+            Some("/plugins/*/csi.sock")
+        );
+        assert_eq!(
+            pattern(&Source::Discover(discovery)).as_deref(),
+            Some("/plugins/*/csi.sock")
+        );
     }
 
     /// A discovered driver gets the settings `drivers.yaml` gives its name (its Lease namespace
