@@ -12,10 +12,10 @@ use parking_lot::RwLock;
 use tonic::transport::Channel;
 
 use super::{
+    codes,
     connection::Connection,
     proto::{self, controller_client::ControllerClient, identity_client::IdentityClient},
     redact::{NotUtf8, Secrets},
-    status,
 };
 use crate::metrics::{CsiOperations, UNKNOWN_DRIVER};
 
@@ -67,7 +67,7 @@ fn marshal_error(cause: &NotUtf8) -> tonic::Status {
 
 /// A failed CSI call.
 #[derive(Clone, Debug, thiserror::Error)]
-#[error("{}", status::go_error_text(.status))]
+#[error("{}", codes::go_error_text(.status))]
 pub struct CallError {
     /// The full gRPC method name.
     pub method: &'static str,
@@ -237,7 +237,7 @@ impl DriverClient {
         }
         let code = match &result {
             Ok(_) => "OK",
-            Err(s) => status::go_code_name(s.code()),
+            Err(s) => codes::go_code_name(s.code()),
         };
         self.metrics
             .observe(method, code, migrated, started.elapsed());
@@ -255,7 +255,7 @@ impl DriverClient {
         tracing::trace!(method, %status, "CSI call refused");
         self.metrics.observe(
             method,
-            status::go_code_name(status.code()),
+            codes::go_code_name(status.code()),
             migrated,
             Duration::ZERO,
         );
@@ -484,14 +484,14 @@ impl DriverClient {
 
 #[cfg(test)]
 mod tests {
-    use super::{NotUtf8, capped, marshal_error, status};
+    use super::{NotUtf8, capped, codes, marshal_error};
 
     #[test]
     fn an_unmarshalable_request_fails_as_grpc_go_fails_it() {
         let s = marshal_error(&NotUtf8);
         assert_eq!(s.code(), tonic::Code::Internal);
         assert_eq!(
-            status::go_error_text(&s),
+            codes::go_error_text(&s),
             "rpc error: code = Internal desc = grpc: error while marshaling: string field contains invalid UTF-8"
         );
     }

@@ -2,6 +2,7 @@
 //! detecting its capabilities and calling it in domain types.
 
 pub mod client;
+pub mod codes;
 pub mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
@@ -9,7 +10,6 @@ pub mod probe;
 pub mod proto;
 pub mod redact;
 pub mod registration;
-pub mod status;
 
 pub use client::{CallError, CallMetrics, DriverClient, PublishRequest, UnpublishRequest};
 pub use connection::{Address, Connection};

@@ -4,7 +4,7 @@
 //!
 //! The parts: [`driver`] (one driver's life), [`registry`] (the drivers by name and slot),
 //! [`dispatch`] (watch events to drivers), [`supervisor`] (the running set follows the driver
-//! list), [`discovery`] (driver sockets found at run time), [`status`] (what the HTTP listener
+//! list), [`discovery`] (driver sockets found at run time), [`health`] (what the HTTP listener
 //! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas;
 //! its decisions in [`balance_view`]), [`reload`] (how the driver list's loads went) and
 //! [`context`] (what the hub's tasks share).
@@ -17,9 +17,9 @@ pub mod discovery;
 pub mod dispatch;
 pub mod driver;
 pub mod gauges;
+pub mod health;
 pub mod registry;
 pub mod reload;
-pub mod status;
 pub mod supervisor;
 
 use std::{
@@ -48,7 +48,7 @@ use balance_loop::balance_leases;
 use context::Context;
 use dispatch::Dispatch;
 use driver::{context::Shared, panic_guard::panic_message};
-use status::HubStatus;
+use health::HubStatus;
 use supervisor::Supervisor;
 
 pub use balance_loop::BalanceConfig;

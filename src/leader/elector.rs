@@ -20,12 +20,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::Config;
 use super::error::{Error, Result};
+use super::health::Status;
 use super::lean::LeanLease;
 use super::record::{
     Observed, Record, acquire_record, create_record, held_by_other, is_lease_valid, observe,
     release_record,
 };
-use super::status::Status;
 use super::timing::{JITTER_FACTOR, RenewGrid};
 use crate::backoff::Doubling;
 use crate::k8s::budget::ApiBudget;
@@ -842,8 +842,8 @@ mod tests {
     use super::*;
     use crate::fake_api::FakeApi;
     use crate::leader::config::DEFAULT_LEASE_DURATION;
+    use crate::leader::health::HEALTH_TOLERANCE;
     use crate::leader::record::tests::record;
-    use crate::leader::status::HEALTH_TOLERANCE;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
     #[test]

@@ -34,7 +34,7 @@
 //! so external-attacher's event writes fail anyway) and the `leader_election_*` metrics.
 //!
 //! The parts: [`config`] (settings and their checks), [`record`] (the Lease codec), [`elector`]
-//! (the loop), [`status`] (the health view), [`identity`] (holder identity and namespace),
+//! (the loop), [`health`] (the health view), [`identity`] (holder identity and namespace),
 //! [`balance`] (spreading driver Leases across hub replicas), [`runner`] (one task for a hub's
 //! electors), [`guard`] (no leading while
 //! another holder renews a Lease of the same name in another namespace) and [`lean`] (Leases
@@ -47,11 +47,11 @@ pub mod config;
 pub mod elector;
 pub mod error;
 pub mod guard;
+pub mod health;
 pub mod identity;
 pub mod lean;
 pub mod record;
 pub mod runner;
-pub mod status;
 pub mod timing;
 
 pub use config::{
@@ -59,8 +59,8 @@ pub use config::{
 };
 pub use elector::{AcquireGate, LeaderElector, Leadership, Seen};
 pub use error::{Error, Result};
+pub use health::{HEALTH_TOLERANCE, HealthError, Status};
 pub use identity::{default_identity, resolve_namespace};
 pub use lean::LeanLease;
 pub use runner::Runner;
-pub use status::{HEALTH_TOLERANCE, HealthError, Status};
 pub use timing::{JITTER_FACTOR, MIN_LEASE_DURATION, RenewGrid, TimingError};
