@@ -23,6 +23,7 @@
 
 #[path = "translation_oracle/generator.rs"]
 mod generator;
+mod support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -116,35 +117,9 @@ fn env_u64(name: &str) -> Option<u64> {
     )
 }
 
-/// The oracle in the test tools directory the harness uses: `ATTACHER_TESTBINS`, or what
-/// `tools/testbins/build.sh` prints (it reuses its cache, or builds).
+/// The oracle in the test tools directory the harness uses (`support::testbins`).
 fn oracle_path() -> PathBuf {
-    let dir = match std::env::var_os("ATTACHER_TESTBINS") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/testbins/build.sh");
-            let out = Command::new(&script)
-                .stdin(Stdio::null())
-                .stderr(Stdio::inherit())
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-            assert!(
-                out.status.success(),
-                "{} failed ({})",
-                script.display(),
-                out.status
-            );
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
-        }
-    };
-    let oracle = dir.join("translation-oracle");
-    assert!(
-        oracle.is_file(),
-        "test tool {} is missing; run `make testbins`",
-        oracle.display()
-    );
-    oracle
+    support::testbin(support::testbins(), "translation-oracle")
 }
 
 /// Feeds every case to one oracle process and reads its answers.

@@ -21,6 +21,8 @@ mod names;
 mod pd;
 mod proc_stats;
 mod process;
+mod testbins;
+mod va_watch;
 mod vendor;
 mod wait;
 mod workload;
@@ -51,6 +53,8 @@ pub(crate) use proc_stats::{
 pub(crate) use process::{
     ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher, under_hostname,
 };
+pub(crate) use testbins::{testbin, testbins};
+pub(crate) use va_watch::{OnWatchError, watch_vas};
 pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, vendor_manifests};
 pub(crate) use wait::{WaitError, wait_deleted, wait_for};
 pub(crate) use workload::{
