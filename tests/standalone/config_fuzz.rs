@@ -8,7 +8,7 @@
 //! run with other inputs, set `CONFIG_FUZZ_SEED` (any number) and `CONFIG_FUZZ_CASES`:
 //!
 //! ```sh
-//! CONFIG_FUZZ_SEED=$RANDOM CONFIG_FUZZ_CASES=200000 cargo test --release --test config_fuzz -- --nocapture
+//! CONFIG_FUZZ_SEED=$RANDOM CONFIG_FUZZ_CASES=200000 cargo test --release --test standalone config_fuzz:: -- --nocapture
 //! ```
 //!
 //! A failing input is written to `target/tmp/config-fuzz-failure-<n>.yaml` and its case
@@ -113,7 +113,7 @@ fn cases_from_env(default: usize) -> usize {
 /// Valid driver lists the mutations start from: the example, flow style, anchors and aliases,
 /// the smallest, and one at several bounds at once.
 fn seeds() -> Vec<Vec<u8>> {
-    let example = include_str!("../drivers.example.yaml");
+    let example = include_str!("../../drivers.example.yaml");
     let others = [
         "drivers:\n- address: /a\n",
         "hubKubeApiQps: 50\nhubKubeApiBurst: 60\ndrivers: [{address: unix:///csi/a.sock, name: a.example.com, timeout: 30s, workerThreads: {attach: 4, detach: 2}, retryIntervalStart: 500ms, retryIntervalMax: 1m, reconcileSync: 2m, maxEntries: 100, defaultFstype: xfs, kubeApiQps: 2.5, kubeApiBurst: 7, leaderElection: {namespace: storage, leaseDuration: 30s, renewDeadline: 20s, retryPeriod: 4s, labels: {team: storage}}}, {address: /csi/b.sock, leaderElection: false}]\n",

@@ -1,7 +1,6 @@
 //! The `attacher-hub` binary's command line: exit codes and output, as external-attacher's.
 
-#[path = "support/mock_binary.rs"]
-mod mock_binary;
+use crate::support;
 
 use std::io::BufRead;
 use std::process::{Command, Output, Stdio};
@@ -343,7 +342,7 @@ fn an_unreachable_api_server_is_named_with_its_cause_a_few_times_a_minute() {
     std::fs::write(&kubeconfig, DEAD_KUBECONFIG).expect("write the kubeconfig");
     let socket = dir.path().join("csi.sock");
     // A ready driver, so that its elector tries the API server too.
-    let mut driver = Command::new(mock_binary::mock_csi_driver_bin())
+    let mut driver = Command::new(support::mock_csi_driver_bin())
         .arg(format!("--endpoint={}", socket.display()))
         .arg("--name=unreachable.csi.example.com")
         .stdin(Stdio::null())

@@ -21,9 +21,8 @@
 //! * `ATTACHER_TESTBINS`: the Go tools directory, as for every integration test; when unset,
 //!   `tools/testbins/build.sh` is run to find (or build) it. A missing oracle is a failure.
 
-#[path = "translation_oracle/generator.rs"]
 mod generator;
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

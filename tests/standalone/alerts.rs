@@ -10,7 +10,7 @@
 //! Every alert also has a `runbook_url` whose anchor is a heading of `docs/runbooks.md`, and
 //! that section says what the alert means, what to look at and what to do, with commands.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

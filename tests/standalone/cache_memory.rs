@@ -80,7 +80,7 @@ impl Measurement {
     fn in_child(self) -> f64 {
         let out = Command::new(std::env::current_exe().expect("this test binary"))
             .args([
-                "measure_in_this_process",
+                measure_test_name().as_str(),
                 "--exact",
                 "--nocapture",
                 "--test-threads=1",
@@ -142,6 +142,15 @@ fn the_api_types_cost_more_than_four_times_as_much() {
         lean_pv / api_pv
     );
     assert!(lean_va * 4.0 <= api_va && lean_pv * 4.0 <= api_pv);
+}
+
+/// The name libtest runs [`measure_in_this_process`] under in this test binary: its module's
+/// path without the crate's name (`cache_memory::measure_in_this_process`).
+fn measure_test_name() -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::measure_in_this_process"),
+        None => "measure_in_this_process".to_string(),
+    }
 }
 
 /// The child's side: a no-op unless [`MEASURE_ENV`] names a measurement.
