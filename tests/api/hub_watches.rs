@@ -8,8 +8,8 @@
 //! during and after the hub's life and returns to its starting value once the
 //! hub stops; otherwise it is repeated.
 
-mod hub;
-mod support;
+use crate::hub;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

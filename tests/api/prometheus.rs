@@ -19,7 +19,7 @@
 //!
 //! Missing `prometheus` or `promtool` is a failure, never a skip.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::process::Stdio;

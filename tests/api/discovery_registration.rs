@@ -3,7 +3,7 @@
 //! driver of attacher-hub, at the endpoint and under the name it registered;
 //! when its registration socket goes away, the driver stops.
 
-mod support;
+use crate::support;
 
 use std::{
     net::TcpListener,

@@ -7,8 +7,8 @@
 //! most of the busy driver's volumes were still waiting" holds on a loaded machine as well,
 //! because the budgets (not the CPU) pace the busy driver.
 
-mod hub;
-mod support;
+use crate::hub;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The CSI client layer against real drivers on Unix sockets: the project's
 //! Rust mock (in process) and the Go mock built from Kubernetes' e2e mock.
 
-mod support;
+use crate::support;
 
 use std::{
     io::Write,

@@ -9,7 +9,7 @@
 //! server whose ControllerGetCapabilities dereferences it). None of the recorded ones gets a
 //! Lease, a VolumeAttachment write or a `driver_up` series, and the dying one is asked once.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

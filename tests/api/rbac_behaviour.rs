@@ -13,8 +13,8 @@
 //! runs as, in the namespace the workload runs in; and each of its rules must be asked for by
 //! one of those requests: all of what the code needs, nothing more.
 
-mod hub;
-mod support;
+use crate::hub;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! VolumeAttachment round trip, a status patch through the status
 //! subresource, and the limits of the attacher identity's RBAC.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::VolumeAttachment;

@@ -13,8 +13,8 @@
 //!   be seen: a missing pod, a pod without a routable IP);
 //! * an unreachable hub is exit code 1 naming the URL; bad flags exit 2.
 
-mod hub;
-mod support;
+use crate::hub;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
