@@ -10,7 +10,7 @@
 //! monitor samples both attachers every ~100 ms: never two leaders, no volume detached, and
 //! never a second Lease of the driver in another namespace.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};

@@ -25,12 +25,12 @@ use kube::{Api, Client};
 use mock_csi_driver::CallRecord;
 use mock_csi_driver::{MockDriver, MockHandle};
 
-use crate::infra;
-use crate::scenarios::{
+use super::scenarios::{
     Batch, CsiSpec, DriverName, NodeEntry, Obj, PvObj, PvSource, PvState, Scenario, SecretValue,
     Step, VaSource, VaState,
 };
-use crate::snapshot::{Normalizer, PUBLISH, Snapshot, UNPUBLISH};
+use super::snapshot::{Normalizer, PUBLISH, Snapshot, UNPUBLISH};
+use crate::infra;
 use crate::support::{
     ChildProcess, Cluster, PvBuilder, attacher_finalizer, sanitize_driver_name,
     start_reference_attacher, unique_driver_name, unique_name, va, wait_deleted, wait_for,

@@ -2,7 +2,7 @@
 //! Lease, and a Rust elector contending with the reference Go external-attacher
 //! (client-go) for the same Lease. Hand-over times are printed (`--nocapture`).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

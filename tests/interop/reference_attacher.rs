@@ -2,7 +2,7 @@
 //! against the Go mock CSI driver, attaches and detaches a VolumeAttachment.
 //! Later tests run attacher-hub through the same harness.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::VolumeAttachment;

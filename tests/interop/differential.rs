@@ -48,7 +48,7 @@
 //! 429 or 5xx; what the attacher does next (another ControllerUnpublish, an
 //! error in the status) depends on that accident. A scenario whose outcomes
 //! differ while either attacher's log (or the test's own API calls) shows
-//! such an error (`differential/infra.rs` says which lines count) is run
+//! such an error (`infra.rs` says which lines count) is run
 //! again on both sides, at most twice more; the report quotes the lines and
 //! says so. The last run decides: a real difference still fails.
 //!
@@ -66,15 +66,8 @@
 //! difference is a reported hub bug not yet fixed is marked there with
 //! `known_difference` (its mismatches are listed but do not fail the test).
 
-mod support;
-
-#[path = "differential/infra.rs"]
-mod infra;
-#[path = "differential/runner.rs"]
 mod runner;
-#[path = "differential/scenarios.rs"]
 mod scenarios;
-#[path = "differential/snapshot.rs"]
 mod snapshot;
 
 use std::collections::BTreeSet;
@@ -85,7 +78,7 @@ use runner::{Impl, Outcome, run_batch};
 use scenarios::{Batch, DriverName};
 
 /// How often a scenario is run again when its outcomes differ while either
-/// side hit an infrastructure error (see `differential/infra.rs`).
+/// side hit an infrastructure error (see `infra.rs`).
 const MAX_RERUNS: usize = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

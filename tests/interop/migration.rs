@@ -16,7 +16,7 @@
 //! `attached`, none is deleted, the drivers never see ControllerUnpublishVolume), and no driver
 //! goes without a leader for longer than a hand-over takes.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -22,7 +22,7 @@
 //! Both programs take their identity from the host name, so each runs in a UTS namespace of
 //! its own (`support::under_hostname`).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

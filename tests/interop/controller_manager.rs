@@ -25,8 +25,8 @@
 //! uses the fixed driver name `pd.csi.storage.gke.io`, which no other test of
 //! this binary uses.
 
-mod peers;
-mod support;
+use crate::peers;
+use crate::support;
 
 use std::collections::BTreeMap;
 

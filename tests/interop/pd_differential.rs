@@ -23,17 +23,16 @@
 //! collapsed: how often an attacher retries is timing, not behaviour).
 //!
 //! Both sides run at the same time, each with its own driver name, PD
-//! controller and attacher. The rerun rule of `differential/infra.rs`
+//! controller and attacher. The rerun rule of `infra.rs`
 //! applies: a scenario whose outcomes differ while either attacher logged an
 //! infrastructure error (or the test's own API calls failed for such a
 //! reason) runs again on both sides, at most twice more, and the report says
 //! so; a real difference still fails.
 
-mod peers;
-mod support;
+use crate::peers;
+use crate::support;
 
-#[path = "differential/infra.rs"]
-mod infra;
+use crate::infra;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

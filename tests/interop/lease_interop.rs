@@ -28,7 +28,7 @@
 //! host name, which is what distinct pods look like. Hand-over times are
 //! printed (`--nocapture`).
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
