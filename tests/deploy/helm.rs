@@ -22,7 +22,7 @@
 //!   the observability overlay through symbolic links, not copies (a packaged
 //!   chart carries them).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -316,7 +316,7 @@ fn edit(file: &Path, from: &str, to: &str) {
     let text = std::fs::read_to_string(file).expect("read file");
     assert!(
         text.contains(from),
-        "{} no longer contains {from:?}; update tests/helm.rs",
+        "{} no longer contains {from:?}; update tests/deploy/helm.rs",
         file.display()
     );
     std::fs::write(file, text.replace(from, to)).expect("write file");
@@ -714,7 +714,7 @@ fn operator_values() -> Value {
     })
 }
 
-/// The Prometheus Operator kinds, from the test-only CRDs (as tests/deploy.rs).
+/// The Prometheus Operator kinds, from the test-only CRDs (as tests/deploy/deploy.rs).
 fn apply_monitoring_crds() {
     let crds = repo().join("tests/deploy/monitoring-crds.yaml");
     let (ok, out) = kubectl(

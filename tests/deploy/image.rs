@@ -18,7 +18,7 @@
 //! here, is a failure with the reason, never a skip
 //! (`scripts/install-deps.sh` installs them).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -38,7 +38,7 @@ use support::{
     unique_driver_name, unique_name, wait_deleted, wait_for,
 };
 
-/// The Dockerfile's release build (tests/deploy.rs checks the Dockerfile runs
+/// The Dockerfile's release build (tests/deploy/deploy.rs checks the Dockerfile runs
 /// exactly this).
 const RELEASE_BUILD: [&str; 6] = [
     "build",

@@ -43,7 +43,7 @@
 //! leading one of them is killed, and the other takes that driver over, attaches new volumes
 //! of both and detaches one the dead node attached.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

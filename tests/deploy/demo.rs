@@ -11,7 +11,7 @@
 //! so it does not run a release build inside the test. It keeps its run
 //! directory (`--keep-logs`) so that the test can read the objects it created.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -13,7 +13,7 @@
 //!   controller-publish secret; with any single verb of any rule removed, it
 //!   does not get there.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1084,7 +1084,7 @@ async fn shipped_rbac_is_exactly_what_attacher_hub_uses() {
 
     let started = Instant::now();
     // A PV's live `get` happens only when the finalizer patch was built from a stale cached
-    // copy, which this scenario cannot bring about on demand; tests/rbac_behaviour.rs brings it
+    // copy, which this scenario cannot bring about on demand; tests/api/rbac_behaviour.rs brings it
     // about (two VAs of one PV at once) and requires the grant.
     let runs = std::iter::once(None)
         .chain(
