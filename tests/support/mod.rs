@@ -13,6 +13,7 @@ mod audit;
 mod cluster;
 mod controller_manager;
 mod fixtures;
+mod gate;
 mod local;
 mod manifests;
 mod mock_binary;
@@ -38,6 +39,7 @@ pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
     is_attached, sanitize_driver_name, va,
 };
+pub(crate) use gate::{Alone, alone, shared};
 pub(crate) use local::{http_get, http_get_at, repo, request_over, tool};
 pub(crate) use manifests::{documents, kind, kubectl, kustomize, name, namespace, run};
 pub(crate) use mock_binary::{mock_csi_driver_bin, target_dir, without_cargo_test_env};

@@ -4,10 +4,11 @@
 //! Every test also checks that `/drivers` tells the truth.
 //!
 //! The tests run in parallel, except the isolation test, which measures
-//! latencies and so runs alone (see [`GATE`]).
+//! latencies and so runs alone (`support::alone`; every other test here takes the gate
+//! shared, and the rollovers of `shipped` in the same binary take it alone too).
 
-mod hub;
-mod support;
+use crate::hub;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -20,7 +21,6 @@ use kube::Api;
 use kube::api::DeleteParams;
 use mock_csi_driver::fault::Fault;
 use serde_json::Value;
-use tokio::sync::RwLock;
 
 use hub::{
     AttachWatch, ConfigMapDir, Hub, HubOptions, Planned, RustMock, create_all, create_labelled_va,
@@ -50,9 +50,6 @@ async fn config_doc(hub: &Hub) -> Value {
     assert_eq!(code, 200, "{body}");
     serde_json::from_str(&body).expect("/config is JSON")
 }
-
-/// Latency measurements take it exclusively; every other test shares it.
-static GATE: RwLock<()> = RwLock::const_new(());
 
 /// Limit for a batch of attaches or detaches.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(120);
@@ -111,7 +108,7 @@ async fn must_attach(watch: &AttachWatch, hubs: &[&Hub], names: &[String]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_drivers_in_one_process_attach_and_detach_250_vas() {
-    let _shared = GATE.read().await;
+    let _shared = support::shared().await;
     let cluster = Cluster::get();
     let client = cluster.client().await;
     const PER_DRIVER: usize = 50;
@@ -388,7 +385,7 @@ fn ms(d: Duration) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_then_crashing_driver_does_not_slow_the_others() {
-    let _exclusive = GATE.write().await;
+    let _exclusive = support::alone().await;
     let cluster = Cluster::get();
     let client = cluster.client().await;
     const VOLUMES: usize = 200;
@@ -707,7 +704,7 @@ fn plan_batch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_split_the_drivers_and_take_over_from_a_dead_one() {
-    let _shared = GATE.read().await;
+    let _shared = support::shared().await;
     let cluster = Cluster::get();
     let client = cluster.client().await;
     let ns = unique_name("ns");
@@ -887,7 +884,7 @@ fn probe_calls(m: &RustMock) -> (usize, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn editing_the_driver_file_adds_and_removes_drivers_without_disturbing_the_others() {
-    let _shared = GATE.read().await;
+    let _shared = support::shared().await;
     let cluster = Cluster::get();
     let client = cluster.client().await;
     let ns = unique_name("ns");
@@ -1131,7 +1128,7 @@ async fn editing_the_driver_file_adds_and_removes_drivers_without_disturbing_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovered_sockets_become_and_stop_being_drivers() {
-    let _shared = GATE.read().await;
+    let _shared = support::shared().await;
     let cluster = Cluster::get();
     let client = cluster.client().await;
     let root = tempfile::Builder::new()
@@ -1255,7 +1252,7 @@ async fn discovered_sockets_become_and_stop_being_drivers() {
 /// and the deleted PV hangs in Terminating.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pv_loses_its_finalizer_when_the_last_va_naming_it_goes_whatever_its_driver() {
-    let _shared = GATE.read().await;
+    let _shared = support::shared().await;
     let cluster = Cluster::get();
     let client = cluster.client().await;
     let a = RustMock::start(&unique_driver_name("shared-a"), 1).await;

@@ -2,9 +2,16 @@
 //! Pods made by kube-controller-manager and run by the pod runner (tests/pods) as their own
 //! ServiceAccount, with their own RBAC, in a namespace whose Pod Security level the API server
 //! enforces.
+//!
+//! The tests that run a shipped path run one at a time, each holding the test process's gate
+//! alone (`support::alone`): the overlays share cluster-scoped names (the ClusterRole and
+//! ClusterRoleBinding `attacher-hub`, bound to each overlay's own account), the tests share the
+//! volume node and the VA label, and the bounds on attach latency and leaderless time hold for
+//! a rollover with no other measured test beside it (the hub-mode tests in the same binary
+//! take the gate too).
 
-mod pods;
-mod support;
+use crate::pods;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -22,11 +29,6 @@ use serde_json::{Value, json};
 
 use pods::PodRunner;
 use support::{Cluster, PvBuilder, controller_manager, documents, kubectl, kustomize, repo, va};
-
-/// The tests of this file one at a time: the overlays share cluster-scoped names (the
-/// ClusterRole and ClusterRoleBinding `attacher-hub`, bound to each overlay's own account), and
-/// the tests share the volume node and the VA label.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The two drivers of `deploy/overlays/hub` (placeholders the runner serves with the mock).
 const HUB_DRIVERS: [&str; 2] = ["fast-disk.csi.example.com", "nfs.csi.example.com"];
@@ -919,15 +921,8 @@ async fn hub_overlay_rollout() -> Rollout {
 /// What each test here starts with: its turn, an admin client, kube-controller-manager
 /// running, the rendered objects of `deploy/<path>` and their namespace, emptied of what an
 /// earlier run left.
-async fn set_up(
-    path: &str,
-) -> (
-    tokio::sync::MutexGuard<'static, ()>,
-    Client,
-    Vec<Value>,
-    String,
-) {
-    let serial = ONE_AT_A_TIME.lock().await;
+async fn set_up(path: &str) -> (support::Alone, Client, Vec<Value>, String) {
+    let serial = support::alone().await;
     let cluster = Cluster::get();
     controller_manager(cluster);
     let client = cluster.client().await;
@@ -1297,7 +1292,7 @@ fn helm_uninstall(ns: &str) {
 /// Shared part of the chart tests: the shape installed by Helm, run and rolled over like the
 /// overlay of the same shape.
 async fn chart_rolls_over(values: Option<&str>, ns: &str, level: &str, drivers: &[&str]) {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = support::alone().await;
     let cluster = Cluster::get();
     controller_manager(cluster);
     let client = cluster.client().await;
@@ -1322,7 +1317,7 @@ async fn chart_rolls_over(values: Option<&str>, ns: &str, level: &str, drivers: 
         let rollout = outcome.unwrap_or_else(|why| panic!("{what}: {why}"));
         eprintln!("{what}: {}", rollout.summary());
         // `sidecar_overlay_rolls_over_no_worse_than_the_go_sidecar` compares the sidecar shape
-        // (tests/helm.rs: the chart renders the overlay's objects) with Go's.
+        // (tests/deploy/helm.rs: the chart renders the overlay's objects) with Go's.
         // The hub shape renders the hub overlay's objects, whose test holds the 1 s bounds.
         // Here a VA made just as the update starts (the new pod listing everything) took 1.12
         // and 1.16 s in two runs of 2026-12-03: with under 100 VAs the p99 is the slowest one.
@@ -1433,7 +1428,7 @@ async fn pd_rolls_over(
     port: u16,
     bounds: (Duration, Duration),
 ) {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = support::alone().await;
     let cluster = Cluster::get();
     controller_manager(cluster);
     let client = cluster.client().await;
@@ -1672,7 +1667,7 @@ async fn wait_holder(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pd_migrates_to_the_controller_pool_and_back_as_documented() {
     vendor_pd();
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = support::alone().await;
     let cluster = Cluster::get();
     controller_manager(cluster);
     let client = cluster.client().await;
