@@ -8,10 +8,7 @@
 //! instead of running it, and `make faults` runs it. Tests that need root (a
 //! network namespace) are `#[ignore]`d and run by `make faults` only.
 
-mod hub;
-#[path = "faults/mod.rs"]
-mod kit;
-mod support;
+use crate::{kit, support};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

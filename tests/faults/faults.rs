@@ -21,17 +21,7 @@
 //! `kit::known::KNOWN_FAILING` (empty now) is reported, not run, by
 //! `make test`.
 
-mod hub;
-#[path = "faults/mod.rs"]
-mod kit;
-// The bench's runner, for the side-by-side run under API Priority and Fairness (`apf_squeeze`).
-#[path = "bench/scenario.rs"]
-#[allow(dead_code)]
-mod scenario;
-#[path = "bench/squeeze.rs"]
-#[allow(dead_code)] // its bench section
-mod squeeze;
-mod support;
+use crate::{hub, kit, scenario, squeeze, support};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
