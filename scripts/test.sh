@@ -66,7 +66,7 @@ phase "check figures" "$repo_root/scripts/bench-publish.py" --check
 # The uses between top modules are those src/lib.rs lists (scripts/check-layers.sh names any other).
 phase "check layers" "$repo_root/scripts/check-layers.sh"
 phase "cargo clippy" cargo clippy --all-targets -- -D warnings
-# The release binary the image is built from (tests/image.rs), built once here
+# The release binary the image is built from (tests/deploy/image.rs), built once here
 # so that its time shows in the timings; the test's own build is then a no-op.
 phase "release build" cargo build --release --locked --bin attacher-hub
 
