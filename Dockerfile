@@ -9,7 +9,7 @@
 # reading USER, EXPOSE, ENTRYPOINT and the binary's path from the last stage.
 #
 # Stage 1 builds the release binary with exactly the command CI checks
-# (tests/deploy.rs compares the RUN line below with its RELEASE_BUILD
+# (tests/deploy/deploy.rs compares the RUN line below with its RELEASE_BUILD
 # constant). The builder is Debian 12 (bookworm), so the glibc the binary links
 # against is the one of the runtime stage, distroless cc-debian12.
 #

@@ -53,7 +53,8 @@ bench:
 faults:
 	@scripts/faults.sh $(FAULTS_CLUSTER_DIR)
 
-# COMPAT_PROFILES: tools/testbins/compat/<name> (and `current`); COMPAT_TESTS: test binaries.
+# COMPAT_PROFILES: tools/testbins/compat/<name> (and `current`); COMPAT_TESTS: test modules
+# (tests/<binary>/<module>.rs, e.g. leader_election).
 COMPAT_PROFILES ?= v1.36 v1.38
 compat:
 	@scripts/compat.sh $(COMPAT_PROFILES)

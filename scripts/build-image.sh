@@ -7,7 +7,7 @@
 # distroless users (root, nobody, nonroot 65532) and the copyright files of the
 # packages those files come from; no shell, no package manager. The image's
 # user, entrypoint and exposed port are read from the Dockerfile's last stage,
-# so the two cannot drift (tests/image.rs checks the result).
+# so the two cannot drift (tests/deploy/image.rs checks the result).
 #
 # Users with Docker build the same image from the Dockerfile instead:
 #   docker build -t attacher-hub:0.1.0 .

@@ -16,7 +16,7 @@
 # - DIR/startup.txt: start-up time and resident memory of this start.
 # - DIR/audit.log: the API server's audit log (JSON lines, metadata only) of
 #   every request made by a ServiceAccount (group system:serviceaccounts);
-#   tests/rbac_behaviour.rs derives the RBAC a mode needs from it. Other
+#   tests/api/rbac_behaviour.rs derives the RBAC a mode needs from it. Other
 #   users' requests are not logged, so the tests' own traffic costs nothing.
 # - --controller-manager also starts kube-controller-manager (if it does not
 #   run yet) with the attach-detach controller, which creates and deletes the

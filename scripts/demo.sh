@@ -46,7 +46,7 @@
 #                     objects.yaml) also after a clean exit; it is always kept
 #                     after a failure
 # Environment: ATTACHER_HUB_BIN and MOCK_CSI_DRIVER_BIN name prebuilt binaries
-# (tests/demo.rs passes cargo's); when both are set, nothing is built.
+# (tests/deploy/demo.rs passes cargo's); when both are set, nothing is built.
 set -euo pipefail
 . "$(dirname "$0")/cluster-lib.sh"
 cd "$repo_root"

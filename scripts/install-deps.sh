@@ -3,9 +3,9 @@
 # that `make test` works on a fresh machine: openssl (the control plane's
 # PKI), python3 (free ports), curl, util-linux (flock,
 # setsid, unshare, prlimit), make, prometheus (Prometheus and promtool for
-# tests/prometheus.rs and tests/alerts.rs; left out with --no-prometheus),
+# tests/api/prometheus.rs and tests/standalone/alerts.rs; left out with --no-prometheus),
 # buildah, podman and runc (the image: scripts/build-image.sh and
-# tests/image.rs; left out with --no-image), and for `make faults` iproute2
+# tests/deploy/image.rs; left out with --no-image), and for `make faults` iproute2
 # and iptables (the black-hole scenarios' network namespaces and packet
 # drops), and bubblewrap (the pod runner of tests/pods, which runs the
 # shipped manifests' containers; it also uses iproute2's network namespaces
@@ -45,7 +45,7 @@ if [ "$with_prometheus" = 1 ]; then
 fi
 if [ "$with_image" = 1 ]; then
   # runc, not podman's default crun, which fails on hybrid cgroup hierarchies
-  # (tests/image.rs configures podman to use runc).
+  # (tests/deploy/image.rs configures podman to use runc).
   need buildah buildah
   need podman podman
   need runc runc

@@ -68,7 +68,7 @@ phase "check layers" "$repo_root/scripts/check-layers.sh"
 # No production function is over 80 lines, but for the declarative tables the script lists.
 phase "check functions" "$repo_root/scripts/check-functions.sh"
 phase "cargo clippy" cargo clippy --all-targets -- -D warnings
-# The release binary the image is built from (tests/image.rs), built once here
+# The release binary the image is built from (tests/deploy/image.rs), built once here
 # so that its time shows in the timings; the test's own build is then a no-op.
 phase "release build" cargo build --release --locked --bin attacher-hub
 

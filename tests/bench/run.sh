@@ -12,10 +12,11 @@
 # target/bench-e2e-report.md and is appended to target/bench-report.md.
 # BENCH_E2E=0 skips it; BENCH_E2E_ONLY=1 runs only it (then the main report is
 # left as it was); sizes: BENCH_E2E_* (tests/bench/e2e.rs).
-# Then the rolling updates (tests/shipped.rs `rolling_update_benchmark`, through the pod
-# runner, which needs root): deploy/overlays/hub, deploy/overlays/sidecar and the same
-# Deployment with the Go external-attacher, BENCH_ROLLOUT_REPEATS times each (default 3);
-# report target/bench-rollout-report.md, appended to target/bench-report.md.
+# Then the rolling updates (`shipped::rolling_update_benchmark` of the `measured` test binary,
+# tests/measured/shipped.rs, through the pod runner, which needs root): deploy/overlays/hub,
+# deploy/overlays/sidecar and the same Deployment with the Go external-attacher,
+# BENCH_ROLLOUT_REPEATS times each (default 3); report target/bench-rollout-report.md,
+# appended to target/bench-report.md.
 # BENCH_ROLLOUT=0 skips it; BENCH_ROLLOUT_ONLY=1 runs only it (the main report is then left
 # as it was).
 # BENCH_CLUSTER_DIR overrides the control plane's directory (.work/bench-cluster). With
@@ -34,7 +35,7 @@ if [ "${BENCH_ROLLOUT_ONLY:-0}" = 1 ]; then BENCH_E2E=0 BENCH_E2E_ONLY=1; fi
 targets=()
 [ "${BENCH_E2E_ONLY:-0}" != 1 ] && targets+=(--test bench)
 [ "${BENCH_E2E:-1}" != 0 ] && targets+=(--test bench_e2e)
-[ "${BENCH_ROLLOUT:-1}" != 0 ] && targets+=(--test shipped)
+[ "${BENCH_ROLLOUT:-1}" != 0 ] && targets+=(--test measured)
 cargo test $profile "${targets[@]}" --no-run
 cargo build $profile --quiet --package mock-csi-driver --bin mock-csi-driver
 
@@ -69,7 +70,7 @@ if [ "${BENCH_ROLLOUT:-1}" != 0 ]; then
   t0=$(date +%s)
   scripts/cluster-up.sh --controller-manager "$dir" >/dev/null
   rm -f "$target/bench-rollout-report.md"
-  cargo test $profile --test shipped rolling_update_benchmark -- --ignored --nocapture --test-threads=1
+  cargo test $profile --test measured shipped::rolling_update_benchmark -- --ignored --nocapture --test-threads=1
   if [ "${BENCH_E2E_ONLY:-0}" != 1 ] && [ -f "$target/bench-rollout-report.md" ]; then
     { echo; cat "$target/bench-rollout-report.md"; } >> "$target/bench-report.md"
   fi

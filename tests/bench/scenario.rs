@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt, future::join_all, stream};
+use futures::{StreamExt, future::join_all, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
@@ -32,8 +32,9 @@ use tokio::process::Command;
 
 use crate::hub::create_node_with_drivers;
 use crate::support::{
-    ApiServerMetrics, ChildProcess, Cluster, MockProcess, PvBuilder, RequestKind, cpu_seconds,
-    sanitize_driver_name, status_mib, tcp_connections_to, unique_driver_name, unique_name, va,
+    ApiServerMetrics, ChildProcess, Cluster, MockProcess, OnWatchError, PvBuilder, RequestKind,
+    cpu_seconds, sanitize_driver_name, status_mib, tcp_connections_to, unique_driver_name,
+    unique_name, va, watch_vas,
 };
 
 /// Label on every VA of a run, so that one watch sees exactly that run.
@@ -879,24 +880,21 @@ pub(crate) struct Timeline {
 impl Timeline {
     /// Starts watching the VAs labelled `run`; returns once the watch has listed.
     pub(crate) async fn start(client: &Client, run: &str) -> Timeline {
-        let api: Api<VolumeAttachment> = Api::all(client.clone());
         let times: Arc<Mutex<HashMap<String, Times>>> = Arc::default();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={run}"));
         let shared = times.clone();
-        let task = tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            let mut stream = watcher(api, config).boxed();
-            let mut listed: HashSet<String> = HashSet::new();
-            loop {
-                let event = match stream.try_next().await {
-                    Ok(Some(e)) => e,
-                    Ok(None) => return,
-                    Err(e) => {
-                        eprintln!("bench: VA watch error (it retries): {e}");
-                        continue;
-                    }
-                };
+        let mut listed: HashSet<String> = HashSet::new();
+        let on_error = OnWatchError {
+            log: Some("bench: VA watch error (it retries)"),
+            pause: Duration::ZERO,
+        };
+        let labels = format!("{RUN_LABEL}={run}");
+        let task = watch_vas(
+            client,
+            &labels,
+            "VA watch",
+            Duration::from_secs(60),
+            on_error,
+            move |event| {
                 let now = Instant::now();
                 let mut times = shared.lock().expect("timeline lock");
                 match event {
@@ -921,17 +919,11 @@ impl Timeline {
                                 t.deleted.get_or_insert(now);
                             }
                         }
-                        if let Some(tx) = ready.take() {
-                            let _ = tx.send(());
-                        }
                     }
                 }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(60), ready_rx)
-            .await
-            .expect("the VA watch did not list within 60s")
-            .expect("the VA watch ended");
+            },
+        )
+        .await;
         Timeline { times, task }
     }
 

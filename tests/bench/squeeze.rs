@@ -13,7 +13,7 @@
 //! the throttling: `/drivers`, its metrics, `attacher-hub status` and its log, read while it
 //! runs.
 //!
-//! Used by `make faults` (tests/faults.rs, where the comparison is asserted) and `make bench`
+//! Used by `make faults` (tests/faults/faults.rs, where the comparison is asserted) and `make bench`
 //! (one report row).
 
 use std::collections::BTreeMap;

@@ -12,8 +12,8 @@ use std::io::Write;
 
 use futures::FutureExt;
 
-/// Names of the tests (scenarios of `tests/faults.rs`, regressions of
-/// `tests/regressions.rs`) that fail on the current code.
+/// Names of the tests (scenarios of `tests/faults/faults.rs`, regressions of
+/// `tests/faults/regressions.rs`) that fail on the current code.
 pub(crate) const KNOWN_FAILING: &[&str] = &[];
 
 /// Whether `make faults` runs this process (it sets `ATTACHER_FAULTS=1`).

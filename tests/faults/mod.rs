@@ -1,5 +1,5 @@
-//! The fault kit shared by `tests/faults.rs` (the fault matrix) and
-//! `tests/regressions.rs` (one focused test per diagnosed bug):
+//! The fault kit shared by `tests/faults/faults.rs` (the fault matrix) and
+//! `tests/faults/regressions.rs` (one focused test per diagnosed bug):
 //!
 //! * [`proxy`]: a TCP proxy in front of the API server that cuts (RST +
 //!   refuse) or stalls the hub's connections;

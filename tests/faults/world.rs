@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
@@ -22,7 +22,9 @@ use tokio::process::Command;
 
 use super::fhub::{FHub, metric_sum};
 use crate::hub::{RUN_LABEL, create_namespace, create_node_with_drivers, unix_ms};
-use crate::support::{ChildProcess, Cluster, PvBuilder, attacher_finalizer, unique_name};
+use crate::support::{
+    ChildProcess, Cluster, OnWatchError, PvBuilder, attacher_finalizer, unique_name, watch_vas,
+};
 
 /// How many API requests are kept in flight when creating or deleting in bulk.
 const CONCURRENCY: usize = 16;
@@ -221,25 +223,22 @@ pub(crate) struct Ledger {
 
 impl Ledger {
     async fn start(client: &Client, run: &str) -> Ledger {
-        let api: Api<VolumeAttachment> = Api::all(client.clone());
         let lives: Arc<Mutex<HashMap<String, VaLife>>> = Arc::default();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={run}"));
         let l = lives.clone();
-        let task = tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            let mut stream = watcher(api, config).boxed();
-            let mut listed: BTreeSet<String> = BTreeSet::new();
-            loop {
-                let event = match stream.try_next().await {
-                    Ok(Some(e)) => e,
-                    Ok(None) => return,
-                    Err(_) => {
-                        // The API server may be down on purpose; retry.
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                };
+        let mut listed: BTreeSet<String> = BTreeSet::new();
+        // The API server may be down on purpose: retry, quietly.
+        let on_error = OnWatchError {
+            log: None,
+            pause: Duration::from_millis(200),
+        };
+        let labels = format!("{RUN_LABEL}={run}");
+        let task = watch_vas(
+            client,
+            &labels,
+            "VA ledger",
+            Duration::from_secs(30),
+            on_error,
+            move |event| {
                 let now = (Instant::now(), unix_ms());
                 let mut lives = l.lock().unwrap();
                 let seen = |va: &VolumeAttachment, lives: &mut HashMap<String, VaLife>| {
@@ -276,17 +275,11 @@ impl Ledger {
                                 life.gone_ms.get_or_insert(now.1);
                             }
                         }
-                        if let Some(tx) = ready.take() {
-                            let _ = tx.send(());
-                        }
                     }
                 }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(30), ready_rx)
-            .await
-            .expect("the VA ledger did not list within 30s")
-            .expect("the VA ledger ended");
+            },
+        )
+        .await;
         Ledger {
             lives,
             task: Arc::new(task),

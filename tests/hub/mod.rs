@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub(crate) use crate::support::http_get;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeAttachment};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
@@ -20,7 +20,7 @@ use mock_csi_driver::{CallRecord, MockDriver, MockHandle};
 use serde_json::Value;
 use tokio::process::Command;
 
-use crate::support::{ChildProcess, Cluster, PvBuilder, create_node, va};
+use crate::support::{ChildProcess, Cluster, OnWatchError, PvBuilder, create_node, va, watch_vas};
 
 /// Label put on every VolumeAttachment a test creates, so one watch sees
 /// exactly that test's objects.
@@ -512,54 +512,40 @@ pub(crate) struct AttachWatch {
 impl AttachWatch {
     /// Starts watching VAs labelled `run`; returns once the initial list is in.
     pub(crate) async fn start(client: &Client, run: &str) -> AttachWatch {
-        let api: Api<VolumeAttachment> = Api::all(client.clone());
         let seen: Arc<Mutex<HashMap<String, (Instant, u64)>>> = Arc::default();
         let present: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={run}"));
         let (s, p) = (seen.clone(), present.clone());
-        let task = tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            let mut stream = watcher(api, config).boxed();
-            loop {
-                let event = match stream.try_next().await {
-                    Ok(Some(e)) => e,
-                    Ok(None) => return,
-                    Err(e) => {
-                        eprintln!("attach watch error (retrying): {e}");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
+        let on_error = OnWatchError {
+            log: Some("attach watch error (retrying)"),
+            pause: Duration::from_millis(200),
+        };
+        let labels = format!("{RUN_LABEL}={run}");
+        let task = watch_vas(
+            client,
+            &labels,
+            "attach watch",
+            Duration::from_secs(30),
+            on_error,
+            move |event| match event {
+                watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
+                    let name = va.metadata.name.clone().unwrap_or_default();
+                    let attached = va.status.as_ref().is_some_and(|s| s.attached);
+                    if attached {
+                        s.lock()
+                            .unwrap()
+                            .entry(name.clone())
+                            .or_insert((Instant::now(), unix_ms()));
                     }
-                };
-                match event {
-                    watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
-                        let name = va.metadata.name.clone().unwrap_or_default();
-                        let attached = va.status.as_ref().is_some_and(|s| s.attached);
-                        if attached {
-                            s.lock()
-                                .unwrap()
-                                .entry(name.clone())
-                                .or_insert((Instant::now(), unix_ms()));
-                        }
-                        p.lock().unwrap().insert(name, attached);
-                    }
-                    watcher::Event::Delete(va) => {
-                        let name = va.metadata.name.clone().unwrap_or_default();
-                        p.lock().unwrap().remove(&name);
-                    }
-                    watcher::Event::InitDone => {
-                        if let Some(tx) = ready.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    watcher::Event::Init => {}
+                    p.lock().unwrap().insert(name, attached);
                 }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(30), ready_rx)
-            .await
-            .expect("the attach watch did not list within 30s")
-            .expect("the attach watch ended");
+                watcher::Event::Delete(va) => {
+                    let name = va.metadata.name.clone().unwrap_or_default();
+                    p.lock().unwrap().remove(&name);
+                }
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            },
+        )
+        .await;
         AttachWatch {
             seen,
             present,

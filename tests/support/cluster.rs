@@ -113,13 +113,7 @@ impl Cluster {
 
     /// Path of one of the Go test tools; panics if it is missing.
     pub(crate) fn bin(&self, name: &str) -> PathBuf {
-        let path = self.testbins.join(name);
-        assert!(
-            path.is_file(),
-            "test tool {} is missing; run `make testbins`",
-            path.display()
-        );
-        path
+        super::testbin(&self.testbins, name)
     }
 }
 

@@ -13,6 +13,7 @@ mod audit;
 mod cluster;
 mod controller_manager;
 mod fixtures;
+mod gate;
 mod local;
 mod manifests;
 mod mock_binary;
@@ -21,6 +22,8 @@ mod names;
 mod pd;
 mod proc_stats;
 mod process;
+mod testbins;
+mod va_watch;
 mod vendor;
 mod wait;
 mod workload;
@@ -36,6 +39,7 @@ pub(crate) use fixtures::{
     PvBuilder, attacher_finalizer, create_csinode, create_node, create_va, has_finalizer,
     is_attached, sanitize_driver_name, va,
 };
+pub(crate) use gate::{Alone, alone, shared};
 pub(crate) use local::{http_get, http_get_at, repo, request_over, tool};
 pub(crate) use manifests::{documents, kind, kubectl, kustomize, name, namespace, run};
 pub(crate) use mock_binary::{mock_csi_driver_bin, target_dir, without_cargo_test_env};
@@ -51,6 +55,8 @@ pub(crate) use proc_stats::{
 pub(crate) use process::{
     ChildProcess, DriverProcess, MockCsi, MockCsiOptions, start_reference_attacher, under_hostname,
 };
+pub(crate) use testbins::{testbin, testbins};
+pub(crate) use va_watch::{OnWatchError, watch_vas};
 pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, vendor_manifests};
 pub(crate) use wait::{WaitError, wait_deleted, wait_for};
 pub(crate) use workload::{

@@ -1,6 +1,6 @@
 {{/*
 Names and labels shared by the templates. Object names, labels and fields
-follow the kustomize overlays under deploy/ one for one (tests/helm.rs renders
+follow the kustomize overlays under deploy/ one for one (tests/deploy/helm.rs renders
 both with the same settings and compares them); what the chart adds on top are
 the Helm labels (helm.sh/chart, app.kubernetes.io/instance, .../version,
 .../managed-by), the instance label in selectors, and the optional values.
