@@ -440,7 +440,7 @@ mod tests {
             text.contains("Connection refused (os error 111): nothing listens on it"),
             "{text}"
         );
-        // Permission denied cannot be made as root (tests/topologies.rs runs the binary as UID
+        // Permission denied cannot be made as root (tests/deploy/topologies.rs runs the binary as UID
         // 65532 for it); the text for a socket that exists: one line with the path, this
         // process's user, the socket's owner and mode, and both fixes.
         let denied = io::Error::from(io::ErrorKind::PermissionDenied);

@@ -127,7 +127,7 @@ impl<T: Cached> Store<T> {
     }
 
     /// Adds or replaces `obj`; the copy it replaces. (The watch's side, as are [`Self::delete`]
-    /// and the list replacement; public for `tests/cache_memory.rs`, which fills stores the
+    /// and the list replacement; public for `tests/standalone/cache_memory.rs`, which fills stores the
     /// way the watch does.)
     pub fn apply(&self, obj: Arc<T>) -> Option<Arc<T>> {
         self.objects.write().replace(ByName(obj)).map(|o| o.0)

@@ -2,7 +2,7 @@
 //! v0.37.2 does (`plugins/*.go`), the version the reference external-attacher v4.13.0 is built
 //! with, field by field, including its quirks (a zero GCE partition gives `partition: ""`, a
 //! zero EBS partition `partition: "0"`, ...). It is checked against the library itself by
-//! `tests/translation_oracle.rs`, which compares thousands of generated PVs with the output of
+//! `tests/standalone/translation_oracle.rs`, which compares thousands of generated PVs with the output of
 //! the Go tool `translation-oracle` (tools/testbins/csi).
 
 mod azure;
@@ -135,7 +135,7 @@ fn portworx(t: &mut Translation<'_>) {
 /// from the node ID, and an `UNSPECIFIED` zone from the node's zone (or an
 /// `UNSPECIFIED` region from the region of the node's zone); every other
 /// migration driver keeps the handle. Checked against the library by
-/// `tests/translation_oracle.rs`.
+/// `tests/standalone/translation_oracle.rs`.
 pub fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Option<String> {
     if !is_migration_driver(driver) {
         return None;

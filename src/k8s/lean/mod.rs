@@ -23,8 +23,8 @@
 //! allocatable counts) is dropped on ingest. The readers are `crate::controller` (node IDs,
 //! volume sources, translation, capabilities, patches, the update filter), `crate::hub`
 //! (routing, queues, workers) and `crate::metrics` (end-to-end latency): anything they read
-//! must be kept here, and the differential test (`tests/differential.rs`, against the Go
-//! attacher) and the translation oracle (`tests/translation_oracle.rs`, which goes through
+//! must be kept here, and the differential test (`tests/interop/differential.rs`, against the Go
+//! attacher) and the translation oracle (`tests/standalone/translation_oracle.rs`, which goes through
 //! [`Pv::from`]) fail when something they decide on is lost.
 //!
 //! The field paths are those of the API types (`va.spec.source.persistent_volume_name`,
@@ -46,7 +46,7 @@
 //! | `PersistentVolume` / [`Pv`] | 3,472 bytes | 344 bytes |
 //!
 //! (asserted by `the_lean_types_are_a_tenth_of_the_api_types` below). Resident bytes per
-//! cached object, measured by `tests/cache_memory.rs` (10,000 objects as external-provisioner
+//! cached object, measured by `tests/standalone/cache_memory.rs` (10,000 objects as external-provisioner
 //! and kube-controller-manager write them, managed fields included, from the JSON of list
 //! pages through the ingest path into a store, in a fresh process; the median of three rounds;
 //! the same figures in debug and release builds, whose layouts and allocations are the same;
