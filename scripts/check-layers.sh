@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 exec python3 - "$@" <<'PY'
 import os, re, sys
 
+sys.path.insert(0, "scripts")
+from rust_source import strip_code
+
 SRC = "src"
 MARKER = "Uses between top modules"
 
@@ -60,38 +63,6 @@ def test_only_files():
                 skip.add(os.path.normpath(os.path.join(base, m.group(1) + ".rs")))
                 skip.add(os.path.normpath(os.path.join(base, m.group(1))))
     return skip
-
-def strip_code(text):
-    """The text without comments, string and char literals (kept as blanks), so that braces
-    and paths in them are not counted."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i)
-            i = n if j < 0 else j + 2
-        elif c == "r" and re.match(r'r#*"', text[i:]) and not (i and (text[i-1].isalnum() or text[i-1] == "_")):
-            hashes = re.match(r'r(#*)"', text[i:]).group(1)
-            j = text.find('"' + hashes, i + 2 + len(hashes))
-            i = n if j < 0 else j + 1 + len(hashes)
-            out.append('""')
-        elif c == '"':
-            j = i + 1
-            while j < n and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            i = j + 1
-            out.append('""')
-        elif c == "'" and re.match(r"'(\\.|[^\\'])'|'\\u\{[0-9a-fA-F]+\}'", text[i:]):
-            m = re.match(r"'(\\.|[^\\'])'|'\\u\{[0-9a-fA-F]+\}'", text[i:])
-            i += len(m.group(0))
-            out.append("' '")
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
 
 def drop_test_items(code):
     """Removes each item marked #[cfg(test)]: up to its `;` or its closing brace."""
