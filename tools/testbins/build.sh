@@ -51,6 +51,18 @@ key=$( { go version
 out=${ATTACHER_TESTBINS:-${XDG_CACHE_HOME:-$HOME/.cache}/attacher-hub/testbins/$key}
 if [ -n "$profile" ]; then out=${XDG_CACHE_HOME:-$HOME/.cache}/attacher-hub/testbins/$profile-$key; fi
 
+# One build per key at a time: `make test` builds in the background while a `make demo`,
+# `make testbins` or a second checkout's `make test` may start; without the lock both would
+# write the same "$out.partial" (one's mv finds the other's file gone). The second waits, then
+# finds the binaries complete. The lock lives beside the cache directory, so any two clones
+# of the project (same $HOME) share it; it is released when this script's process ends.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+if ! flock -n 9; then
+  echo "testbins: another build of key $key is under way; waiting for it ($out.lock)" >&2
+  flock 9
+fi
+
 complete=1
 for b in $BINARIES; do [ -x "$out/$b" ] || complete=0; done
 if [ "$complete" = 1 ]; then
