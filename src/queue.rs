@@ -16,6 +16,12 @@
 //! * [`Queue::forget`] resets the failure count;
 //! * a plain [`Queue::add`] makes a key that waits in backoff available immediately.
 //!
+//! Two queues may keep one failure count per key between them ([`Queue::sharing`] over one
+//! [`History`]): a driver's attach and detach pools are two queues so that a detach storm never
+//! starves attaches, but external-attacher has one queue for both, so a VolumeAttachment that
+//! failed to attach and is then deleted backs off its detach from where its attaches left off.
+//! One history per key keeps that pace (`docs/design.md#work-queue`).
+//!
 //! Difference from client-go, on purpose: a plain `add` also drops the key's pending delayed add,
 //! so the key is not processed a second time when the old delay expires. The key's failure count
 //! is kept, so the next `add_rate_limited` still backs off further.
@@ -25,6 +31,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -48,6 +55,8 @@ pub struct Queue {
     state: Mutex<State>,
     /// Wakes workers blocked in [`Queue::get`].
     notify: Notify,
+    /// Failures per key since the last `forget`, perhaps shared with another queue.
+    history: Arc<History>,
     /// Adds so far, plain and rate-limited (`workqueue_adds_total`).
     adds: std::sync::atomic::AtomicU64,
 }
@@ -65,8 +74,16 @@ struct State {
     waiting: HashMap<String, Instant>,
     /// Min-heap over `waiting`; entries whose instant differs from `waiting` are stale.
     deadlines: BinaryHeap<Reverse<(Instant, String)>>,
-    /// Failures per key since the last `forget`.
-    failures: HashMap<String, u32>,
+}
+
+/// Failures per key since its last [`Queue::forget`] (client-go's per-item failure count), which
+/// queues built with [`Queue::sharing`] keep between them.
+///
+/// Locking: taken only inside a queue's own state lock (never the other way round), for a
+/// lookup or an update.
+#[derive(Debug, Default)]
+pub struct History {
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 // === impl Queue ===
@@ -74,6 +91,18 @@ struct State {
 impl Queue {
     /// Creates a queue whose failure backoff starts at `retry_start` and doubles up to `retry_max`.
     pub fn new(name: impl Into<String>, retry_start: Duration, retry_max: Duration) -> Self {
+        Self::sharing(name, retry_start, retry_max, Arc::default())
+    }
+
+    /// [`Queue::new`], counting failures in `history`, which other queues may share: a key
+    /// failed in one of them backs off further in the other, and a `forget` in either starts
+    /// it over in both.
+    pub fn sharing(
+        name: impl Into<String>,
+        retry_start: Duration,
+        retry_max: Duration,
+        history: Arc<History>,
+    ) -> Self {
         Self {
             name: name.into(),
             retry_start,
@@ -81,6 +110,7 @@ impl Queue {
             state: Mutex::new(State::default()),
             notify: Notify::new(),
             adds: std::sync::atomic::AtomicU64::new(0),
+            history,
         }
     }
 
@@ -118,9 +148,13 @@ impl Queue {
         let now = Instant::now();
         let woke = {
             let mut st = self.lock();
-            let failures = st.failures.entry(key.clone()).or_insert(0);
-            let delay = backoff(self.retry_start, self.retry_max, *failures);
-            *failures = failures.saturating_add(1);
+            let delay = {
+                let mut history = self.history.failures.lock();
+                let failures = history.entry(key.clone()).or_insert(0);
+                let delay = backoff(self.retry_start, self.retry_max, *failures);
+                *failures = failures.saturating_add(1);
+                delay
+            };
             if delay.is_zero() {
                 st.waiting.remove(&key);
                 st.insert_now(key, now)
@@ -142,15 +176,43 @@ impl Queue {
         }
     }
 
-    /// Resets the failure count of `key` (call after a successful sync).
+    /// Resets the failure count of `key` (call after a successful sync), in every queue that
+    /// shares this one's history.
     pub fn forget(&self, key: &str) {
-        self.lock().failures.remove(key);
+        self.history.failures.lock().remove(key);
+    }
+
+    /// Drops the pending retry of `key`, if it waits out a backoff: another queue that shares
+    /// the history has the key now, and the retry would sync it a second time. The failure
+    /// count stays.
+    pub fn cancel_retry(&self, key: &str) {
+        self.lock().waiting.remove(key);
+    }
+
+    /// Adds `key` now unless this queue has it already: ready, being processed, or waiting out
+    /// a backoff (a plain [`Queue::add`] would cut that backoff short). Returns whether it added.
+    pub fn add_unless_known(&self, key: &str) -> bool {
+        let woke = {
+            let mut st = self.lock();
+            if st.dirty.contains(key)
+                || st.processing.contains_key(key)
+                || st.waiting.contains_key(key)
+            {
+                return false;
+            }
+            self.adds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            st.insert_now(key.to_owned(), Instant::now())
+        };
+        if woke {
+            self.notify.notify_one();
+        }
+        true
     }
 
     /// How many times `key` was added with [`Queue::add_rate_limited`] since the last `forget`.
     #[cfg(test)]
     pub(crate) fn num_requeues(&self, key: &str) -> u32 {
-        self.lock().failures.get(key).copied().unwrap_or(0)
+        self.history.failures.lock().get(key).copied().unwrap_or(0)
     }
 
     /// Waits for the next key and marks it as being processed; call [`Queue::done`] afterwards.
@@ -357,7 +419,6 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     const START: Duration = Duration::from_secs(1);
     const MAX: Duration = Duration::from_secs(300);
@@ -590,6 +651,88 @@ mod tests {
         assert_eq!(q.oldest_age(), Some(Duration::ZERO));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(q.longest_processing(), Some(Duration::from_secs(2)));
+    }
+
+    /// Two queues over one history, as a driver's attach and detach pools.
+    fn pair() -> (Arc<Queue>, Arc<Queue>) {
+        let history = Arc::new(History::default());
+        let q = |name| Arc::new(Queue::sharing(name, START, MAX, history.clone()));
+        (q("attach"), q("detach"))
+    }
+
+    /// external-attacher's one queue keeps a VA's failures from its attaches when the VA is
+    /// deleted: its first failed detach waits `start × 2^attach failures`, not `start`.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_that_failed_in_one_queue_backs_off_further_in_the_other() {
+        let (attach, detach) = pair();
+        for _ in 0..3 {
+            attach.add_rate_limited("va");
+            assert_eq!(attach.get().await, "va");
+            attach.done("va");
+        }
+        detach.add("va");
+        assert_eq!(detach.get().await, "va");
+        detach.add_rate_limited("va");
+        detach.done("va");
+        let start = Instant::now();
+        assert_eq!(detach.get().await, "va");
+        assert_eq!(
+            Instant::now() - start,
+            START * 8,
+            "the fourth failure in a row"
+        );
+        assert_eq!(attach.num_requeues("va"), 4);
+        assert_eq!(detach.num_requeues("va"), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forget_in_one_queue_starts_the_key_over_in_both() {
+        let (attach, detach) = pair();
+        for _ in 0..3 {
+            attach.add_rate_limited("va");
+            let _ = attach.get().await;
+            attach.done("va");
+        }
+        detach.forget("va");
+        assert_eq!(attach.num_requeues("va"), 0);
+        attach.add_rate_limited("va");
+        let start = Instant::now();
+        assert_eq!(attach.get().await, "va");
+        assert_eq!(Instant::now() - start, START);
+    }
+
+    /// A key moved to the other pool while that pool has it waiting out a backoff must not cut
+    /// the backoff short (a driver whose detach fails would be called again at once).
+    #[tokio::test(start_paused = true)]
+    async fn adding_a_key_unless_known_leaves_a_waiting_key_to_its_backoff() {
+        let (_, detach) = pair();
+        for _ in 0..2 {
+            detach.add_rate_limited("va");
+            let _ = detach.get().await;
+            detach.done("va");
+        }
+        detach.add_rate_limited("va");
+        assert!(!detach.add_unless_known("va"), "it waits out its backoff");
+        let start = Instant::now();
+        assert_eq!(detach.get().await, "va");
+        assert_eq!(Instant::now() - start, START * 4);
+        // Being processed, or queued: not added either (the sync under way covers it).
+        assert!(!detach.add_unless_known("va"));
+        detach.done("va");
+        assert_eq!(get_within(&detach, Duration::from_secs(600)).await, None);
+        // Unknown: added, ready at once.
+        assert!(detach.add_unless_known("va"));
+        assert!(!detach.add_unless_known("va"));
+        assert_eq!(detach.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_retry_never_fires_and_the_count_stays() {
+        let (attach, _) = pair();
+        attach.add_rate_limited("va");
+        attach.cancel_retry("va");
+        assert_eq!(get_within(&attach, Duration::from_secs(600)).await, None);
+        assert_eq!(attach.num_requeues("va"), 1);
     }
 
     #[tokio::test(start_paused = true)]

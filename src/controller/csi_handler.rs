@@ -58,11 +58,65 @@ pub struct CsiHandler {
     config: Config,
     /// VAs the reconciler found out of sync; consumed by the next sync.
     force_sync: Mutex<HashSet<String>>,
-    /// VA name → (UID, resourceVersion written by our `attached: true`
-    /// status patch). While the cache holds an older copy of that VA, its
-    /// sync waits for the echo instead of publishing again
-    /// (`docs/design.md#own-writes`).
-    attached: Mutex<HashMap<String, (String, String)>>,
+    /// Our `attached: true` status patches. While the cache holds an older copy of such a VA,
+    /// its sync waits for the echo instead of publishing again (`docs/design.md#own-writes`).
+    attached: OwnWrites,
+    /// Our finished detaches (the last write of each: the finalizer's removal, or the status
+    /// after it). While the cache holds an older copy of such a VA, which still shows our
+    /// finalizer, its sync waits for the echo instead of unpublishing again.
+    detached: OwnWrites,
+}
+
+/// The handler's own writes to VAs that a cached copy may not show yet: VA name → (UID, the
+/// resourceVersion our write made, or `None` when our write removed the object).
+#[derive(Debug, Default)]
+struct OwnWrites(Mutex<HashMap<String, (String, Option<String>)>>);
+
+impl OwnWrites {
+    fn remember(&self, name: &str, uid: &str, written: Option<String>) {
+        self.0
+            .lock()
+            .insert(name.to_owned(), (uid.to_owned(), written));
+    }
+
+    fn forget(&self, name: &str) {
+        self.0.lock().remove(name);
+    }
+
+    #[cfg(test)]
+    fn contains(&self, name: &str) -> bool {
+        self.0.lock().contains_key(name)
+    }
+
+    /// Whether `va` is a cached copy older than our write to it. Once the cache has caught up
+    /// (or the name belongs to another VA now) the memory is dropped.
+    fn is_behind(&self, va: &Va) -> bool {
+        let name = va.metadata.name.as_deref().unwrap_or_default();
+        let mut writes = self.0.lock();
+        let Some((uid, written)) = writes.get(name) else {
+            return false;
+        };
+        if va.metadata.uid.as_deref() != Some(uid.as_str()) {
+            // A new VA with the same name.
+            writes.remove(name);
+            return false;
+        }
+        let cached = va.metadata.resource_version.as_deref().unwrap_or_default();
+        let behind = match written {
+            // Our write deleted the object: every copy of it is older.
+            None => return true,
+            Some(written) => match compare_resource_versions(cached, written) {
+                Some(order) => order.is_lt(),
+                // Not comparable (not an etcd-backed server): the copy is stale unless it is
+                // the one we wrote.
+                None => return cached != written.as_str(),
+            },
+        };
+        if !behind {
+            writes.remove(name);
+        }
+        behind
+    }
 }
 
 fn now() -> Time {
@@ -87,47 +141,28 @@ impl CsiHandler {
             stores,
             config,
             force_sync: Mutex::new(HashSet::new()),
-            attached: Mutex::new(HashMap::new()),
+            attached: OwnWrites::default(),
+            detached: OwnWrites::default(),
         }
     }
 
     /// Drops per-VA memory of a deleted VA.
     pub fn va_deleted(&self, name: &str) {
-        self.attached.lock().remove(name);
+        self.attached.forget(name);
+        self.detached.forget(name);
         self.force_sync.lock().remove(name);
     }
 
     /// Whether the handler remembers its own `attached: true` write to the VA `name`.
     #[cfg(test)]
     pub(crate) fn remembers(&self, name: &str) -> bool {
-        self.attached.lock().contains_key(name)
+        self.attached.contains(name)
     }
 
-    /// Whether `va` is a cached copy older than our own `attached: true`
-    /// write: its sync must wait for the echo, not publish again. Once the
-    /// cache has caught up the memory is dropped.
-    fn awaiting_echo(&self, va: &Va) -> bool {
-        let name = va.metadata.name.as_deref().unwrap_or_default();
-        let mut attached = self.attached.lock();
-        let Some((uid, written)) = attached.get(name) else {
-            return false;
-        };
-        if va.metadata.uid.as_deref() != Some(uid.as_str()) {
-            // A new VA with the same name.
-            attached.remove(name);
-            return false;
-        }
-        let cached = va.metadata.resource_version.as_deref().unwrap_or_default();
-        match compare_resource_versions(cached, written) {
-            Some(std::cmp::Ordering::Less) => true,
-            Some(_) => {
-                attached.remove(name);
-                false
-            }
-            // Not comparable (not an etcd-backed server): the copy is stale
-            // unless it is the one we wrote.
-            None => cached != written.as_str(),
-        }
+    /// Whether the handler remembers its own finished detach of the VA `name`.
+    #[cfg(test)]
+    pub(crate) fn remembers_detach(&self, name: &str) -> bool {
+        self.detached.contains(name)
     }
 
     fn take_force_sync(&self, name: &str) -> bool {
@@ -142,7 +177,7 @@ impl CsiHandler {
             if va.status.attached {
                 return Ok(Synced::Unchanged);
             }
-            if self.awaiting_echo(va) {
+            if self.attached.is_behind(va) {
                 tracing::debug!("already marked attached; waiting for the watch to catch up");
                 return Ok(Synced::Unchanged);
             }
@@ -162,9 +197,9 @@ impl CsiHandler {
                     .merge_va_status(&name, &patch)
                     .await
                     .map_err(|e| Error::MarkAttached(k8s::error_text(&e)))?;
-                let uid = va.metadata.uid.as_deref().unwrap_or_default().to_owned();
+                let uid = va.metadata.uid.as_deref().unwrap_or_default();
                 let rv = written.metadata.resource_version.unwrap_or_default();
-                self.attached.lock().insert(name, (uid, rv));
+                self.attached.remember(&name, uid, Some(rv));
                 tracing::info!("attached");
                 // A forced sync of a VA that was attached already re-publishes; it is not a
                 // new attach.
@@ -306,6 +341,13 @@ impl CsiHandler {
             .as_deref()
             .unwrap_or_default()
             .contains(&finalizer);
+        // A copy older than our own finished detach still shows our finalizer: unpublishing
+        // again would call the driver twice for one detach (forced or not: the reconciler may
+        // judge the same stale copy).
+        if self.detached.is_behind(va) {
+            tracing::debug!("already detached; waiting for the watch to catch up");
+            return Ok(Synced::Unchanged);
+        }
         if !forced && !has_finalizer {
             return Ok(Synced::Unchanged);
         }
@@ -349,6 +391,8 @@ impl CsiHandler {
     /// shows our finalizer with `attached: false` (`docs/design.md#detach`, step 5).
     async fn mark_as_detached(&self, va: &Va) -> Result<(), Error> {
         let name = va.metadata.name.as_deref().unwrap_or_default();
+        // The resourceVersion of our last write (`None`: the object is gone).
+        let mut last = None;
         if let Some(patch) = patches::va_finalizer_removal_patch(va, &self.driver) {
             let written = self
                 .writer
@@ -359,19 +403,41 @@ impl CsiHandler {
                 // The API server removed the object with its last finalizer: a status
                 // patch now could only answer 404 (Go sends it anyway; the objects and CSI
                 // calls are the same without it, and the detach costs one write, not two).
-                self.attached.lock().remove(name);
+                self.detach_done(va, None);
                 return Ok(());
             }
+            last = Some(written.metadata.resource_version);
         }
         if let Some(patch) = patches::detached_status_patch(va) {
             match self.writer.merge_va_status(name, &patch).await {
-                Ok(_) => {}
-                Err(e) if k8s::is_not_found(&e) => {}
+                Ok(written) => last = Some(written.metadata.resource_version),
+                Err(e) if k8s::is_not_found(&e) => last = Some(None),
                 Err(e) => return Err(Error::MarkDetached(k8s::error_text(&e))),
             }
         }
-        self.attached.lock().remove(name);
+        match last {
+            Some(written) => self.detach_done(va, written),
+            None => self.attached.forget(name),
+        }
         Ok(())
+    }
+
+    /// Remembers our finished detach of `va` (our last write made `written`; `None`: the object
+    /// is gone), until the cache shows it.
+    fn detach_done(&self, va: &Va, written: Option<String>) {
+        let name = va.metadata.name.as_deref().unwrap_or_default();
+        let uid = va.metadata.uid.as_deref().unwrap_or_default();
+        self.attached.forget(name);
+        self.detached.remember(name, uid, written);
+        // The watch may have told of the deletion already (`va_deleted` came before this
+        // memory): then nothing would ever drop it.
+        if self
+            .stores
+            .va(name)
+            .is_none_or(|cached| cached.metadata.uid.as_deref() != Some(uid))
+        {
+            self.detached.forget(name);
+        }
     }
 
     /// `SyncNewOrUpdatedPersistentVolume` (`docs/design.md#pv-finalizer`): removes our PV
@@ -749,6 +815,98 @@ mod tests {
         // The last finalizer went: the VA is gone, and no status patch follows.
         assert_eq!(w.written(), ["PATCH volumeattachments/va"]);
         assert!(w.stored_va().is_none());
+    }
+
+    /// After our detach removed the VA, the cache may still hold its copy with our finalizer
+    /// (an echo of an earlier write queues it again before the deletion arrives): that copy
+    /// must not call ControllerUnpublishVolume a second time, forced by the reconciler or not.
+    #[tokio::test]
+    async fn a_stale_copy_of_a_va_we_detached_does_not_unpublish_again() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN], deleting_va(&[FIN]));
+        let stale = lean_va(&va);
+        assert_eq!(
+            w.handler.sync_detach(&stale).await.expect("detached"),
+            Synced::Detached
+        );
+        assert!(w.stored_va().is_none(), "gone with our finalizer");
+        assert!(w.handler.remembers_detach("va"));
+        for forced in [false, true] {
+            if forced {
+                w.handler.force_sync.lock().insert("va".into());
+            }
+            assert_eq!(
+                w.handler.sync_detach(&stale).await.expect("no error"),
+                Synced::Unchanged
+            );
+        }
+        assert_eq!(w.csi.calls_of("ControllerUnpublishVolume").len(), 1);
+        assert_eq!(
+            w.written(),
+            ["PATCH volumeattachments/va"],
+            "no 404 status patch"
+        );
+        // The deletion's event drops the memory.
+        w.handler.va_deleted("va");
+        assert!(!w.handler.remembers_detach("va"));
+    }
+
+    /// Kept by another finalizer, the VA gets a newer copy from our status write; older copies
+    /// wait for it, and once the cache shows it the memory goes.
+    #[tokio::test]
+    async fn a_copy_older_than_our_detached_status_waits_for_the_echo() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN], deleting_va(&[FIN, "example.com/other"]));
+        w.handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect("detached");
+        assert_eq!(
+            w.handler.sync_detach(&lean_va(&va)).await.expect("ok"),
+            Synced::Unchanged
+        );
+        assert_eq!(w.csi.calls_of("ControllerUnpublishVolume").len(), 1);
+        let echo = w.stored_va().expect("kept by the other finalizer");
+        w.caches.apply_va(&echo);
+        assert_eq!(
+            w.handler.sync_detach(&lean_va(&echo)).await.expect("ok"),
+            Synced::Unchanged
+        );
+        assert!(!w.handler.remembers_detach("va"), "the cache caught up");
+        assert_eq!(w.csi.calls_of("ControllerUnpublishVolume").len(), 1);
+    }
+
+    /// A new VA under the name of one we detached is not the old one: it detaches normally.
+    #[tokio::test]
+    async fn a_new_va_under_a_detached_name_is_detached_again() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN], deleting_va(&[FIN]));
+        w.handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect("detached");
+        let mut again = deleting_va(&[FIN]);
+        again.metadata.uid = Some("another-uid".into());
+        let again = w.api.put(&again);
+        w.handler
+            .sync_detach(&lean_va(&again))
+            .await
+            .expect("detached");
+        assert_eq!(w.csi.calls_of("ControllerUnpublishVolume").len(), 2);
+    }
+
+    /// The deletion's event can come before our detach is remembered (the watch is quick, the
+    /// worker slow): then nothing would drop the memory, so it is not kept.
+    #[tokio::test]
+    async fn a_detach_whose_deletion_the_cache_shows_already_is_not_remembered() {
+        let mut w = world(attaching(), true).await;
+        let va = w.volume(&[FIN], deleting_va(&[FIN]));
+        w.caches.delete_va(&va);
+        w.handler
+            .sync_detach(&lean_va(&va))
+            .await
+            .expect("detached");
+        assert!(!w.handler.remembers_detach("va"));
     }
 
     #[tokio::test]

@@ -32,9 +32,10 @@
 //! attacher-hub never does. So for every successful ControllerPublishVolume
 //! entry the hub's count must be exactly 1 and not above Go's (Go: 1 or 2; a
 //! repeat counts towards the first publish even if a Secret changed in
-//! between). A successful ControllerUnpublishVolume entry stands for one
-//! call, or two when a re-sync read a stale cache right after the detach
-//! (either attacher may do that, depending on timing only), on both sides.
+//! between). The same holds for a successful ControllerUnpublishVolume: Go
+//! may call it twice when a re-sync reads a stale cache right after the
+//! detach (depending on timing only); the hub remembers its finished detach
+//! until its cache shows it, and calls it exactly once.
 //!
 //! **Go's stale re-attach.** The same mechanism can make Go
 //! re-run the whole attach of an attached VA after the test moved on: when

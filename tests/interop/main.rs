@@ -23,3 +23,4 @@ mod lease_interop;
 mod migration;
 mod pd_differential;
 mod reference_attacher;
+mod retry_pacing;

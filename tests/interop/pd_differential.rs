@@ -12,9 +12,11 @@
 //! ID it cannot parse, a disk or instance that does not exist, a disk
 //! attached elsewhere or here in the other mode, a multi-writer filesystem,
 //! a volume context it cannot read; and the forgiving detaches of a deleted
-//! disk or instance). Two checkpoints: once the VA is attached or carries an
-//! attach error, and once the Pod is deleted and the VA is gone or carries a
-//! detach error. At each, compared after replacing the run's names by
+//! disk or instance). Two checkpoints, each at a settled state: once the VA is
+//! attached or keeps an attach error (a later retry wrote the same message
+//! again: a first error can be a passing one, such as the PV an attacher's
+//! cache does not hold yet), and once the Pod is deleted and the VA is gone or
+//! keeps a detach error. At each, compared after replacing the run's names by
 //! placeholders: the VA (`status.attached`, `attachError` message and
 //! `errorCode`, `detachError`, finalizers, annotations), whether the volume
 //! is in `node.status.volumesAttached`, the fake cloud's attachments of the
@@ -663,16 +665,10 @@ async fn run_scenario(
     )
     .await;
 
-    // Checkpoint 1: attached, or refused.
-    let va = wait_va(ctx, &n.node, "attached or refused", |va| {
-        va.is_some_and(|va| {
-            va.status
-                .as_ref()
-                .is_some_and(|st| st.attached || st.attach_error.is_some())
-        })
-    })
-    .await?
-    .expect("the condition needs a VA");
+    // Checkpoint 1: attached, or refused for good.
+    let va = wait_settled(ctx, &n.node, Phase::Attach)
+        .await?
+        .expect("an attach settles with a VA");
     let va_name = va.metadata.name.clone().unwrap_or_default();
     if va.status.as_ref().is_some_and(|st| st.attached) {
         // Attached: wait until kube-controller-manager has seen it.
@@ -709,14 +705,7 @@ async fn run_scenario(
             }
         })
     };
-    let gone = wait_va(ctx, &n.node, "gone or refused", |va| {
-        va.is_none_or(|va| {
-            va.status
-                .as_ref()
-                .is_some_and(|st| st.detach_error.is_some())
-        })
-    })
-    .await;
+    let gone = wait_settled(ctx, &n.node, Phase::Detach).await;
     heartbeats.abort();
     gone?;
     checkpoints.push((
@@ -724,6 +713,79 @@ async fn run_scenario(
         snapshot(ctx, s, &n, &handle, &va_name).await,
     ));
     Ok(())
+}
+
+/// Which end a checkpoint waits for.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// The VA attached, or its `attachError` kept.
+    Attach,
+    /// The VA gone, or its `detachError` kept.
+    Detach,
+}
+
+impl Phase {
+    /// Whether `va` shows the phase's success.
+    fn done(self, va: Option<&VolumeAttachment>) -> bool {
+        match self {
+            Phase::Attach => va.is_some_and(|va| va.status.as_ref().is_some_and(|st| st.attached)),
+            Phase::Detach => va.is_none(),
+        }
+    }
+
+    /// The phase's error on `va`: its message and when it was written.
+    fn error(self, va: Option<&VolumeAttachment>) -> Option<(String, Option<String>)> {
+        let st = va?.status.as_ref()?;
+        let e = match self {
+            Phase::Attach => st.attach_error.as_ref(),
+            Phase::Detach => st.detach_error.as_ref(),
+        }?;
+        Some((
+            e.message.clone().unwrap_or_default(),
+            e.time.as_ref().map(|t| t.0.to_string()),
+        ))
+    }
+}
+
+/// Waits for the VA of the scenario's Node to settle in `phase`: its success, or an error that
+/// the attacher keeps, written again by a later retry with the same message. A first error
+/// may be passing: the VA's watch event can reach an attacher before its PV's, and both
+/// attachers then fail with "persistentvolume ... not found" once and succeed on the retry;
+/// which error a side showed first is timing, not behaviour. Returns the VA (`None`: gone).
+async fn wait_settled(
+    ctx: &SideCtx,
+    node: &str,
+    phase: Phase,
+) -> Result<Option<VolumeAttachment>, String> {
+    let what = format!("{phase:?}: done, or an error");
+    let mut va = wait_va(ctx, node, &what, |va| {
+        phase.done(va) || phase.error(va).is_some()
+    })
+    .await?;
+    loop {
+        let Some((message, time)) = phase
+            .error(va.as_ref())
+            .filter(|_| !phase.done(va.as_ref()))
+        else {
+            return Ok(va);
+        };
+        // The next retry (at most --retry-interval-max away) writes the error again, with a
+        // new time, or succeeds.
+        let next = wait_va(ctx, node, &format!("{what} after {message:?}"), |now| {
+            phase.done(now)
+                || phase
+                    .error(now)
+                    .is_some_and(|(m, t)| m != message || t != time)
+        })
+        .await?;
+        if phase
+            .error(next.as_ref())
+            .is_some_and(|(m, _)| m == message)
+        {
+            return Ok(next);
+        }
+        va = next;
+    }
 }
 
 /// Polls the VA of the scenario's Node until `pred` holds; returns it.

@@ -79,7 +79,10 @@ fn two_builds_of_one_key_at_once_build_once_and_both_succeed() {
         .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
         .collect();
     assert_eq!(
-        stderr.iter().filter(|e| e.contains("waiting for it")).count(),
+        stderr
+            .iter()
+            .filter(|e| e.contains("waiting for it"))
+            .count(),
         1,
         "exactly one build waited for the other: {stderr:#?}"
     );

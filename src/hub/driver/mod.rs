@@ -34,7 +34,7 @@ use crate::{
     k8s::lean::{Pv, Va},
     leader::guard as lease_guard,
     names::{PV_QUEUE_NAME, VA_QUEUE_NAME},
-    queue::Queue,
+    queue::{History, Queue},
 };
 use key_locks::KeyLocks;
 
@@ -156,19 +156,23 @@ pub struct Driver {
 impl Driver {
     /// A driver slot for `settings`; [`Driver::run`] brings it to life.
     pub fn new(settings: Settings, origin: Origin) -> Arc<Self> {
-        let q = |name: &str| {
-            Queue::new(
+        let q = |name: &str, history: &Arc<History>| {
+            Queue::sharing(
                 name,
                 settings.retry_interval_start,
                 settings.retry_interval_max,
+                history.clone(),
             )
         };
+        // One retry history per VA across the attach and detach pools, as in the Go sidecar's
+        // one VA queue: a VA whose attaches failed backs off its detach from there.
+        let va_history = Arc::default();
         let calls = settings.csi_calls.max(1);
         Arc::new(Self {
             origin,
-            attach_queue: q(VA_QUEUE_NAME),
-            detach_queue: q(VA_QUEUE_NAME),
-            pv_queue: q(PV_QUEUE_NAME),
+            attach_queue: q(VA_QUEUE_NAME, &va_history),
+            detach_queue: q(VA_QUEUE_NAME, &va_history),
+            pv_queue: q(PV_QUEUE_NAME, &Arc::default()),
             settings,
             handler: RwLock::new(None),
             connected: RwLock::new(None),
@@ -355,11 +359,16 @@ impl Driver {
             return;
         };
         let deleting = va.metadata.deletion_timestamp.is_some();
-        if handler.detaches() && deleting {
-            self.detach_queue.add(name);
+        let (to, from) = if handler.detaches() && deleting {
+            (&self.detach_queue, &self.attach_queue)
         } else {
-            self.attach_queue.add(name);
-        }
+            (&self.attach_queue, &self.detach_queue)
+        };
+        // One pending sync per VA across the two pools, as in the Go sidecar's one queue, where
+        // an event's add makes a VA that waits out a backoff ready at once: a retry still
+        // waiting in the other pool would sync it a second time.
+        from.cancel_retry(name);
+        to.add(name);
     }
 
     /// A VA of this driver is gone: its PV may lose our finalizer now.

@@ -207,10 +207,11 @@ impl Driver {
         }
         let deleting = va.metadata.deletion_timestamp.is_some();
         if handler.detaches() && deleting != (kind == Kind::Detach) {
-            // The VA changed sides since it was queued.
-            queue.forget(key);
+            // The VA changed sides since it was queued: the other pool syncs it, with the
+            // retry history the two share, unless it has the key already (a plain add would
+            // cut a backoff there short and call a failing driver again at once).
             let other = if deleting { Kind::Detach } else { Kind::Attach };
-            self.queue(Pool::Va(other)).add(key);
+            self.queue(Pool::Va(other)).add_unless_known(key);
             return;
         }
         let span = tracing::info_span!("sync_va", va = key, node = %va.spec.node_name, pv = va.spec.source.persistent_volume_name.as_deref().unwrap_or(""));

@@ -667,6 +667,26 @@ async fn wait_va(ctx: &ScenarioCtx<'_>, role: &str, state: VaState) -> Result<()
         )
         .await
         .map(drop),
+        VaState::Finalized => {
+            let finalizer = attacher_finalizer(&ctx.batch.driver);
+            wait_for(
+                &api,
+                &name,
+                &format!("finalizer {finalizer}"),
+                move |va: Option<&VolumeAttachment>| {
+                    va.is_some_and(|va| {
+                        va.metadata
+                            .finalizers
+                            .iter()
+                            .flatten()
+                            .any(|f| *f == finalizer)
+                    })
+                },
+                WAIT,
+            )
+            .await
+            .map(drop)
+        }
         VaState::Gone => wait_deleted(&api, &name, WAIT).await,
     };
     r.map_err(|e| ctx.batch.normalizer.apply(&format!("VA {role}: {e}")))

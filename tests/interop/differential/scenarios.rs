@@ -242,6 +242,9 @@ pub(crate) enum VaState {
     AttachError(&'static str),
     /// `status.detachError.message` contains this text.
     DetachError(&'static str),
+    /// The VA carries this batch's attacher finalizer (the attacher's first write of an
+    /// attach, made right before it calls ControllerPublishVolume).
+    Finalized,
     /// The VA no longer exists.
     Gone,
 }
@@ -769,6 +772,19 @@ fn faults_batch() -> Batch {
             Fault::delay(Duration::from_secs(6)),
             "DeadlineExceeded",
         ),
+        Scenario {
+            name: "delete-during-slow-publish".into(),
+            intent: "the VA is deleted while its ControllerPublish takes 1.5 s: attached, then unpublished exactly once by the hub (its own writes' echoes queue the VA again while the cache still shows the copy before the detach) and gone",
+            start_fault: Some((PUBLISH, Fault::delay(Duration::from_millis(1500)))),
+            setup: simple_setup(csi(&["ReadWriteOnce"])),
+            steps: vec![
+                Step::Wait("va", VaState::Finalized),
+                Step::DeleteVa("va"),
+                Step::Wait("va", VaState::Gone),
+                Step::Snapshot("detached"),
+            ],
+            known_difference: None,
+        },
         Scenario {
             name: "detach-fails-then-ok".into(),
             intent: "ControllerUnpublish fails: detachError, VA and finalizer kept; detached once the fault is cleared",
