@@ -6,6 +6,12 @@
 # left running.
 #
 # Usage: scripts/test.sh [CLUSTER_DIR]
+#
+# TEST_UNDER_LOAD=1 runs the same checks on a busy machine, as a loaded CI runner or a
+# developer's laptop is: one busy loop per core (TEST_LOAD_LOOPS to choose how many) from the
+# start, and, once the Go tools are built, a second control plane in .work/load-cluster with a
+# client that keeps writing to it. All of it is stopped on exit. A test that fails only then
+# has a bound or a checkpoint that depends on timing (docs/testing.md, "Under load").
 set -euo pipefail
 . "$(dirname "$0")/cluster-lib.sh"
 cd "$repo_root"
@@ -22,8 +28,21 @@ phase() { # name command...
 }
 
 started=0
+load_pids=()
+load_cluster=
+# Stops the load of TEST_UNDER_LOAD (busy loops, the writer, the second control plane).
+stop_load() {
+  local pid
+  for pid in "${load_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  load_pids=()
+  if [ -n "$load_cluster" ]; then
+    "$repo_root/scripts/cluster-down.sh" "$load_cluster" >/dev/null 2>&1 || true
+    load_cluster=
+  fi
+}
 on_exit() {
   local rc=$?
+  stop_load
   if [ -n "${testbins_pid:-}" ] && kill -0 "$testbins_pid" 2>/dev/null; then
     kill -- "-$testbins_pid" 2>/dev/null || true
   fi
@@ -57,6 +76,15 @@ testbins_wait() {
   grep '^testbins: ' "$testbins_log" >&2 || true
 }
 
+if [ "${TEST_UNDER_LOAD:-0}" = 1 ]; then
+  loops=${TEST_LOAD_LOOPS:-$(nproc)}
+  echo "test: under load: $loops busy loop(s), then a second control plane with a writer" >&2
+  for _ in $(seq "$loops"); do
+    setsid bash -c 'while :; do :; done' &
+    load_pids+=("$!")
+  done
+fi
+
 phase "cargo fmt --check" cargo fmt --all -- --check
 # No comment or document points to a reason kept outside the repository, and every
 # docs/design.md#anchor the code links to exists (scripts/check-reasons.sh says where).
@@ -75,6 +103,25 @@ phase "release build" cargo build --release --locked --bin attacher-hub
 # Every test binary, before the control plane: this is the build the Go tools overlap.
 phase "cargo test build" cargo test --no-run --quiet
 phase "Go test tools" testbins_wait
+
+# The second control plane of TEST_UNDER_LOAD, and a client that keeps it busy: a ConfigMap
+# created, changed and deleted, over and over (each kubectl call is a process start and a TLS
+# handshake, as a second test suite's clients would be).
+if [ "${TEST_UNDER_LOAD:-0}" = 1 ]; then
+  load_cluster=$repo_root/.work/load-cluster
+  "$repo_root/scripts/cluster-up.sh" "$load_cluster" >/dev/null
+  bins=$(sed -n 's/^export ATTACHER_TESTBINS=//p' "$load_cluster/env")
+  setsid bash -c '
+    kc=(--kubeconfig "$1/admin.kubeconfig")
+    i=0
+    while :; do
+      i=$((i + 1))
+      "$2/kubectl" "${kc[@]}" create configmap "load-$i" --from-literal=n="$i" >/dev/null 2>&1
+      "$2/kubectl" "${kc[@]}" label configmap "load-$i" round="$i" >/dev/null 2>&1
+      "$2/kubectl" "${kc[@]}" delete configmap "load-$i" --wait=false >/dev/null 2>&1
+    done' load-writer "$load_cluster" "$bins" &
+  load_pids+=("$!")
+fi
 
 cluster_healthy "$dir" || started=1
 

@@ -92,6 +92,14 @@ async fn go_and_hub_agree_on_every_scenario() {
         let only: Vec<&str> = only.split(',').map(str::trim).collect();
         table.retain(|b| only.contains(&b.name));
     }
+    // `DIFFERENTIAL_SCENARIOS=detach,detach-timeout` runs only those scenarios.
+    if let Ok(only) = std::env::var("DIFFERENTIAL_SCENARIOS") {
+        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        for b in &mut table {
+            b.scenarios.retain(|s| only.contains(&s.name.as_str()));
+        }
+        table.retain(|b| !b.scenarios.is_empty());
+    }
     let log_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("differential");
     std::fs::create_dir_all(&log_dir).expect("log directory");
 

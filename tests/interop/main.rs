@@ -15,6 +15,7 @@ mod support;
 mod infra;
 
 mod controller_manager;
+mod detach_once;
 mod differential;
 mod discovery_migration;
 mod leader_election;

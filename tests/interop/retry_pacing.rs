@@ -39,12 +39,19 @@ const PUBLISH: &str = "ControllerPublishVolume";
 const UNPUBLISH: &str = "ControllerUnpublishVolume";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Side {
+pub(crate) enum Side {
+    /// The reference external-attacher.
     Go,
+    /// attacher-hub in sidecar mode.
     Hub,
 }
 
-fn start_attacher(side: Side, cluster: &Cluster, socket: &std::path::Path) -> ChildProcess {
+/// The attacher of `side` on the driver at `socket`, with the same flags on both sides.
+pub(crate) fn start_attacher(
+    side: Side,
+    cluster: &Cluster,
+    socket: &std::path::Path,
+) -> ChildProcess {
     let flags = [
         "--timeout=2s",
         "--retry-interval-start=100ms",

@@ -194,6 +194,11 @@ impl Driver {
     async fn process_va(&self, shared: &Shared, handler: &Handler, kind: Kind, key: &str) {
         let queue = self.queue(Pool::Va(kind));
         let _busy = self.busy.lock(key).await;
+        // At most `csi_calls` attach and detach syncs at once, as the Go sidecar's workers. The
+        // VA is read once the slot is ours: a copy read before the wait could be long stale.
+        let Ok(_call) = self.csi_calls.acquire().await else {
+            return;
+        };
         let Some(va) = shared.stores.va(key) else {
             queue.forget(key);
             self.clear_error(Some(key));
@@ -215,10 +220,6 @@ impl Driver {
             return;
         }
         let span = tracing::info_span!("sync_va", va = key, node = %va.spec.node_name, pv = va.spec.source.persistent_volume_name.as_deref().unwrap_or(""));
-        // At most `csi_calls` attach and detach syncs at once, as the Go sidecar's workers.
-        let Ok(_call) = self.csi_calls.acquire().await else {
-            return;
-        };
         match handler.sync_va(&va).instrument(span.clone()).await {
             Ok(synced) => {
                 queue.forget(key);

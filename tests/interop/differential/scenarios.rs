@@ -774,8 +774,8 @@ fn faults_batch() -> Batch {
         ),
         Scenario {
             name: "delete-during-slow-publish".into(),
-            intent: "the VA is deleted while its ControllerPublish takes 1.5 s: attached, then unpublished exactly once by the hub (its own writes' echoes queue the VA again while the cache still shows the copy before the detach) and gone",
-            start_fault: Some((PUBLISH, Fault::delay(Duration::from_millis(1500)))),
+            intent: "the VA is deleted while its ControllerPublish takes 1 s: attached, then unpublished exactly once by the hub (its own writes' echoes queue the VA again while the cache still shows the copy before the detach) and gone",
+            start_fault: Some((PUBLISH, Fault::delay(Duration::from_secs(1)))),
             setup: simple_setup(csi(&["ReadWriteOnce"])),
             steps: vec![
                 Step::Wait("va", VaState::Finalized),
