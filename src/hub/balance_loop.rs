@@ -69,10 +69,19 @@ pub(crate) async fn balance_leases(
     let hub = balancer.hub.clone();
     let mut given_up = hub.shared.balance.given_up();
 
-    // The first share must count every configured driver, not the few started so far.
+    // The first share must count every configured driver, not the few started so far; and
+    // other replicas hand drivers over to this one as soon as its presence counts, so it
+    // shows itself only once its drivers have started and it can take them
+    // (`super::startup`).
     tokio::select! {
         () = stop.cancelled() => return,
         () = hub.first_reconcile.cancelled() => {}
+    }
+    while !hub.started() {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(STARTUP_POLL) => {}
+        }
     }
     let mut tick = tokio::time::interval(balancer.config.retry_period);
     // A reload that adds or removes drivers changes the share at once, not a period later.
@@ -290,6 +299,10 @@ type LeaseStream =
 
 /// How often a refused Lease watch is worth a warning (it retries every few seconds).
 const WATCH_LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// How often the balancing task looks whether start-up is over, before its first round: a
+/// fraction of the time a driver takes to start, so that the presence follows at once.
+const STARTUP_POLL: Duration = Duration::from_millis(100);
 
 /// Logs a failure of one of the Lease watches (`what`) in `namespace`: a refusal (a missing
 /// grant, which only an operator can fix: until then a hand-over waits for the retry tick) as

@@ -22,6 +22,23 @@ pub struct Context {
     /// The discovered sockets that are not served (stale, node plugins, unreachable), as the
     /// last scan found them: shown in `/drivers` after the drivers.
     pub unserved: parking_lot::Mutex<Vec<super::discovery::Record>>,
+    /// Whether the first configuration's drivers have started: readiness and the replica's
+    /// presence in the balance wait for it.
+    pub startup: super::startup::Startup,
+}
+
+impl Context {
+    /// Whether start-up is over ([`super::startup`]).
+    pub fn started(&self) -> bool {
+        self.startup
+            .check(self.first_reconcile.is_cancelled(), || {
+                self.registry
+                    .slots()
+                    .iter()
+                    .map(|d| (d.settings().address.to_string(), d.state()))
+                    .collect()
+            })
+    }
 }
 
 #[cfg(test)]
@@ -60,6 +77,7 @@ pub(crate) mod tests {
             registry,
             first_reconcile: CancellationToken::new(),
             unserved: parking_lot::Mutex::default(),
+            startup: crate::hub::startup::Startup::new(),
             config: crate::hub::reload::ConfigStatus::new(
                 None,
                 crate::metrics::config::ConfigMetrics::register(&metrics).expect("fresh registry"),

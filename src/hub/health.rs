@@ -32,16 +32,25 @@ impl http::Status for HubStatus {
         )
     }
 
-    /// Ready once the shared caches are synced: this process serves (the listener answering is
-    /// the other half). A sick driver does not make the pod NotReady: readiness gates rollouts
-    /// and, through a PodDisruptionBudget, node drains, and a driver that cannot be reached
-    /// would block both without anything a restart or a drain could fix. It shows in
-    /// `/drivers`, `attacher_hub_driver_up` and the `AttacherHubDriverDown` alert instead.
+    /// Ready once the shared caches are synced and start-up is over (every driver of the first
+    /// configuration finished its first start, or the start-up limit passed,
+    /// [`super::startup`]): this process serves, and can take its drivers' Leases when a
+    /// rolling update ends the old pod. After start-up a sick driver does not make the pod
+    /// NotReady: readiness gates rollouts and, through a PodDisruptionBudget, node drains, and
+    /// a driver that cannot be reached would block both without anything a restart or a drain
+    /// could fix. It shows in `/drivers`, `attacher_hub_driver_up` and the
+    /// `AttacherHubDriverDown` alert instead.
     fn ready(&self) -> Result<(), String> {
         if !self.hub.shared.stores.is_synced() {
             return Err(
                 "the VolumeAttachment and PersistentVolume caches are not synced yet".into(),
             );
+        }
+        if !self.hub.started() {
+            return Err(format!(
+                "the drivers are starting (at most {:?}; see /drivers)",
+                super::startup::SETTLE_LIMIT
+            ));
         }
         Ok(())
     }
@@ -90,26 +99,51 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn ready_needs_synced_caches_and_no_driver_can_make_it_unready() {
-        let caches = TestStores::new();
+    /// A hub with the slot of a driver `x.csi.io` that never connects.
+    fn hub_with_a_driver(caches: &TestStores) -> (Arc<Context>, Arc<Driver>) {
         let hub = context(&FakeApi::default(), caches.stores.clone());
+        let defaults = Defaults::with_identity(&Args::default(), "h".into());
+        let settings = defaults.settings_for("/x.sock".parse().expect("a path"));
+        let driver = Driver::named(settings, Origin::Configured, "x.csi.io");
+        hub.registry.add_slot(driver.clone());
+        (hub, driver)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ready_needs_synced_caches_and_start_up_over_and_then_no_driver_can_make_it_unready() {
+        let caches = TestStores::new();
+        let (hub, _) = hub_with_a_driver(&caches);
         let status = status_of(&hub, false);
-        assert_eq!(status.ready(), Ok(()));
         assert_eq!(status.leader_election_healthy(), None);
         caches.set_synced(false);
         assert!(status.ready().expect_err("unsynced").contains("not synced"));
         caches.set_synced(true);
-        let defaults = Defaults::with_identity(&Args::default(), "h".into());
-        let settings = defaults.settings_for("/x.sock".parse().expect("a path"));
-        hub.registry
-            .add_slot(Driver::named(settings, Origin::Configured, "x.csi.io"));
-        // A driver that never connects shows in /drivers, not in readiness.
+        assert!(status.ready().expect_err("no drivers yet").contains("starting"));
+        hub.first_reconcile.cancel();
+        // Its driver still connecting, a new replica could not take its Lease.
+        assert!(status.ready().expect_err("connecting").contains("starting"));
+        // A driver that never connects holds the replica back no longer than the limit ...
+        tokio::time::advance(crate::hub::startup::SETTLE_LIMIT).await;
         assert_eq!(status.ready(), Ok(()));
+        // ... and then shows in /drivers, not in readiness.
         let drivers = status.drivers();
         assert_eq!(drivers[0]["name"], "x.csi.io");
         assert_eq!(drivers[0]["state"]["state"], "connecting");
         assert_eq!(drivers[0]["queues"]["attach"]["depth"], 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ready_once_every_driver_has_started() {
+        let caches = TestStores::new();
+        let (hub, driver) = hub_with_a_driver(&caches);
+        let status = status_of(&hub, false);
+        hub.first_reconcile.cancel();
+        assert!(status.ready().is_err());
+        driver.set_state_for_test(crate::hub::driver::State::Standby);
+        assert_eq!(status.ready(), Ok(()));
+        // Over for good: the driver going down later leaves the pod ready.
+        driver.set_state_for_test(crate::hub::driver::State::Connecting);
+        assert_eq!(status.ready(), Ok(()));
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@ pub mod gauges;
 pub mod health;
 pub mod registry;
 pub mod reload;
+pub mod startup;
 pub mod supervisor;
 
 use std::{
@@ -310,6 +311,7 @@ fn context(
         registry,
         first_reconcile: CancellationToken::new(),
         unserved: parking_lot::Mutex::default(),
+        startup: startup::Startup::new(),
         config: reload::ConfigStatus::new(
             config_path(source),
             crate::metrics::config::ConfigMetrics::register(metrics).map_err(Error::Metrics)?,

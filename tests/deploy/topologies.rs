@@ -604,8 +604,9 @@ fn sidecar_swap_puts_attacher_hub_in_the_place_of_the_pd_attacher() {
 
 /// attacher-hub starts with exactly the arguments of PD's attacher container (the Lease
 /// namespace variable expanded as the kubelet does; a loopback listener appended, which Go's
-/// flag parsing lets win), serves `/readyz` while the driver's socket does not exist (this
-/// process serves; the driver shows in `/drivers`) and shows the driver's socket.
+/// flag parsing lets win), serves `/readyz` while the driver's socket does not exist (once
+/// the start-up limit of 20 s has passed: this process serves; the driver shows in
+/// `/drivers`) and shows the driver's socket.
 fn assert_hub_accepts_the_arguments(args: &[&str]) {
     let cluster = Cluster::get();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
