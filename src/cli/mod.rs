@@ -24,6 +24,13 @@ pub use rules::{
 };
 pub use values::{DurationError, GoDuration, parse_go_duration};
 
+/// The version `--version` prints and the image's labels carry: Cargo.toml's, with the build
+/// metadata `git describe` gives (`0.1.0+5.g1a2b3c4.dirty`), stamped by `build.rs`.
+pub const VERSION: &str = env!("ATTACHER_HUB_VERSION");
+
+/// The commit the binary was built from (`git rev-parse HEAD`), or `unknown` without git.
+pub const REVISION: &str = env!("ATTACHER_HUB_REVISION");
+
 /// The tests of the whole command line: what a list of arguments gives.
 #[cfg(test)]
 pub(crate) mod tests {
@@ -233,10 +240,42 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_version_is_cargo_tomls_with_gits_build_metadata() {
+        let (package, metadata) = VERSION
+            .split_once('+')
+            .map_or((VERSION, None), |(p, m)| (p, Some(m)));
+        assert_eq!(package, env!("CARGO_PKG_VERSION"));
+        // Past a release tag or without one, the abbreviated commit is in the metadata, and the
+        // revision is the full hash it abbreviates (none on the tag itself, or without git).
+        let hash = metadata.and_then(|m| m.split('.').find_map(|m| m.strip_prefix('g')));
+        if let Some(hash) = hash {
+            assert_eq!(REVISION.len(), 40, "{REVISION}");
+            assert!(REVISION.starts_with(hash), "{REVISION} {hash}");
+        }
+        assert!(
+            REVISION == "unknown" || REVISION.chars().all(|c| c.is_ascii_hexdigit()),
+            "{REVISION}"
+        );
+    }
+
+    #[test]
+    fn gits_description_becomes_semver_build_metadata() {
+        // build.rs's `with_metadata`, checked here through its output format: a SemVer build
+        // metadata part of dot-separated alphanumeric identifiers.
+        if let Some((_, metadata)) = VERSION.split_once('+') {
+            assert!(
+                metadata.split('.').all(|part| !part.is_empty()
+                    && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')),
+                "{VERSION}"
+            );
+        }
+    }
+
+    #[test]
     fn version_prints_argv0_and_version() {
         let expected = Parsed::Exit {
             code: 0,
-            stdout: format!("/attacher-hub v{}\n", env!("CARGO_PKG_VERSION")),
+            stdout: format!("/attacher-hub v{VERSION}\n"),
             stderr: String::new(),
         };
         for flag in ["--version", "-version", "--version=true"] {

@@ -153,7 +153,7 @@ impl State {
         if self.version {
             return Ok(Parsed::Exit {
                 code: 0,
-                stdout: format!("{argv0} v{}\n", env!("CARGO_PKG_VERSION")),
+                stdout: format!("{argv0} v{}\n", super::VERSION),
                 stderr: String::new(),
             });
         }

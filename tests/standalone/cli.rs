@@ -74,7 +74,8 @@ const USAGE: &str = "Usage of ";
 
 #[test]
 fn exit_codes_and_output_match_external_attacher() {
-    let version = format!(" v{}\n", env!("CARGO_PKG_VERSION"));
+    // Cargo.toml's version, then the build metadata git gives (build.rs), if any.
+    let version = format!(" v{}", env!("CARGO_PKG_VERSION"));
     let cases = [
         case(&["--help"], 0, "", USAGE),
         case(&["-help"], 0, "", USAGE),
@@ -201,7 +202,13 @@ fn exit_codes_and_output_match_external_attacher() {
             case.args
         );
         if case.args[0].ends_with("version") {
-            assert!(stdout.ends_with(&version), "{:?}: {stdout:?}", case.args);
+            let line = stdout.strip_suffix('\n').expect("one line");
+            let (before, metadata) = line.split_once('+').unwrap_or((line, ""));
+            assert!(before.ends_with(&version), "{:?}: {stdout:?}", case.args);
+            assert!(
+                metadata.is_empty() || metadata.contains(".g") || metadata.starts_with('g'),
+                "the commit in the build metadata: {stdout:?}"
+            );
             assert!(
                 stdout.starts_with(env!("CARGO_BIN_EXE_attacher-hub")),
                 "argv[0] first: {stdout:?}"
