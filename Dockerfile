@@ -6,7 +6,9 @@
 #
 # Without Docker and without pulling base images, scripts/build-image.sh
 # (make image) assembles the same runtime stage with buildah FROM scratch,
-# reading USER, EXPOSE, ENTRYPOINT and the binary's path from the last stage.
+# reading USER, EXPOSE, ENTRYPOINT, LABEL and the binary's path from the last
+# stage; make release (scripts/release.sh) exports that image with the
+# binary, an SBOM and the chart pinned to the image's digest.
 #
 # Stage 1 builds the release binary with exactly the command CI checks
 # (tests/deploy/deploy.rs compares the RUN line below with its RELEASE_BUILD
@@ -35,6 +37,21 @@ COPY crates/ crates/
 RUN cargo build --release --locked --bin attacher-hub
 
 FROM gcr.io/distroless/cc-debian12:nonroot
+# OCI labels. scripts/build-image.sh (make image, make release) sets the same ones from these
+# lines, filling in VERSION (what `attacher-hub --version` prints), REVISION (the commit),
+# CREATED (the commit's time) and SOURCE (IMAGE_SOURCE, else the git remote `origin`). With
+# Docker, pass them: --build-arg VERSION=... --build-arg REVISION=$(git rev-parse HEAD) ...
+ARG VERSION=unknown
+ARG REVISION=unknown
+ARG CREATED=1970-01-01T00:00:00Z
+ARG SOURCE=
+LABEL org.opencontainers.image.title="attacher-hub"
+LABEL org.opencontainers.image.description="CSI external-attacher for one or many drivers"
+LABEL org.opencontainers.image.licenses="Apache-2.0"
+LABEL org.opencontainers.image.version="${VERSION}"
+LABEL org.opencontainers.image.revision="${REVISION}"
+LABEL org.opencontainers.image.created="${CREATED}"
+LABEL org.opencontainers.image.source="${SOURCE}"
 COPY --from=builder /src/target/release/attacher-hub /attacher-hub
 USER 65532:65532
 EXPOSE 8080

@@ -12,13 +12,15 @@
 #   make faults        the fault matrix and regression tests on a control plane of their own
 #                      (root for the black-hole scenarios; results in target/faults/; docs/reliability.md)
 #   make image         build the container image with buildah (FROM scratch, nothing pulled)
+#   make release       binary, image (OCI archive), SBOM, chart pinned to the image's digest,
+#                      LICENSE, CHANGELOG and checksums in target/release-artifacts/
 
 # Where the local control plane keeps its state, logs and kubeconfigs.
 CLUSTER_DIR ?= .work/cluster
 # The fault suite's own control plane (its scenarios kill etcd and the API server).
 FAULTS_CLUSTER_DIR ?= .work/faults-cluster
 
-.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench faults image compat
+.PHONY: demo test testbins cluster-up cluster-down sanity fmt clippy bench faults image compat release
 
 demo:
 	@scripts/demo.sh --cluster-dir $(CLUSTER_DIR) $(DEMO_ARGS)
@@ -61,3 +63,6 @@ compat:
 
 image:
 	@scripts/build-image.sh $(IMAGE_ARGS)
+
+release:
+	@scripts/release.sh $(RELEASE_ARGS)

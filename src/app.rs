@@ -271,7 +271,11 @@ pub fn main() -> std::process::ExitCode {
     for warning in &warnings {
         tracing::warn!("{warning}");
     }
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), "Version");
+    tracing::info!(
+        version = crate::cli::VERSION,
+        revision = crate::cli::REVISION,
+        "Version"
+    );
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(error) => {

@@ -54,8 +54,18 @@ pub enum Error {
     /// `--worker-threads=0`.
     #[error("Option -worker-threads must be greater than zero")]
     ZeroWorkerThreads,
+    /// A per-driver duration that is zero (or was negative, read as zero); see
+    /// [`rules::Pause`](super::rules::Pause) for each one's reason.
+    #[error("--{flag} must be greater than zero, not {value}")]
+    NotPositive {
+        /// The flag name.
+        flag: &'static str,
+        /// The value as Go prints it.
+        value: String,
+    },
     /// A negative API burst or cap (client-go would fail every request with a negative burst),
-    /// or a negative `--max-entries` (the CSI spec forbids it).
+    /// or a negative `--max-entries` (the CSI spec forbids it); see
+    /// [`rules`](super::rules).
     #[error("--{flag} must not be negative, not {value}")]
     Negative {
         /// The flag name.
@@ -63,7 +73,8 @@ pub enum Error {
         /// The value given.
         value: String,
     },
-    /// A number Go accepts but above attacher-hub's bound for it (the `MAX_*` constants).
+    /// A number Go accepts but above attacher-hub's bound for it (the `MAX_*` constants of
+    /// [`rules`](super::rules)).
     #[error("--{flag} must be at most {max}, not {value}")]
     TooLarge {
         /// The flag name.
@@ -99,34 +110,39 @@ impl Error {
 
 /// The message of a refused leader-election timing, in the flags' words.
 fn leader_election_text(e: &TimingError) -> String {
-    const FLAGS: [&str; 3] = [
-        "--leader-election-lease-duration",
-        "--leader-election-renew-deadline",
-        "--leader-election-retry-period",
-    ];
-    match e {
-        TimingError::Zero(field) => {
-            let flag = match field {
-                TimingField::LeaseDuration => FLAGS[0],
-                TimingField::RenewDeadline => FLAGS[1],
-                TimingField::RetryPeriod => FLAGS[2],
-            };
-            format!("{flag} must be greater than zero, not 0s")
-        }
-        TimingError::LeaseTooShort(d) => format!(
-            "{} must be at least 1s, not {}: a Lease holds whole seconds",
-            FLAGS[0],
-            GoDuration(*d)
-        ),
-        comparison => timing_comparison(comparison, FLAGS),
-    }
+    timing_text(
+        e,
+        [
+            "--leader-election-lease-duration",
+            "--leader-election-renew-deadline",
+            "--leader-election-retry-period",
+        ],
+    )
 }
 
 /// The message of a refused timing, naming the lease duration, renew deadline and retry period
-/// as the caller does (`names`): the flags, or the fields of `drivers.yaml`. Zero durations and
-/// the one-second minimum, which the callers word differently, are described by the error
-/// itself.
-pub(crate) fn timing_comparison(e: &TimingError, names: [&str; 3]) -> String {
+/// by the place that set each one (`names`): a flag, or a field of `drivers.yaml`.
+pub(crate) fn timing_text(e: &TimingError, names: [&str; 3]) -> String {
+    match e {
+        TimingError::Zero(field) => {
+            let name = match field {
+                TimingField::LeaseDuration => names[0],
+                TimingField::RenewDeadline => names[1],
+                TimingField::RetryPeriod => names[2],
+            };
+            format!("{name} must be greater than zero, not 0s")
+        }
+        TimingError::LeaseTooShort(d) => format!(
+            "{} must be at least 1s, not {}: a Lease holds whole seconds",
+            names[0],
+            GoDuration(*d)
+        ),
+        comparison => timing_comparison(comparison, names),
+    }
+}
+
+/// The message of a refused comparison of two timings, named by `names` as in [`timing_text`].
+fn timing_comparison(e: &TimingError, names: [&str; 3]) -> String {
     let [lease, renew, retry] = names;
     match *e {
         TimingError::LeaseNotLongerThanRenewDeadline {

@@ -30,7 +30,7 @@ pub(super) static FLAGS: &[Flag] = &[
         name: "timeout",
         kind: Kind::Value("duration"),
         default: "15s",
-        help: "Deadline of each ControllerPublish/ControllerUnpublish call, of each start-up Probe and of one reconcile pass. At most 24h.",
+        help: "Deadline of each ControllerPublish/ControllerUnpublish call, of each start-up Probe and of one reconcile pass. Greater than zero, at most 24h.",
         set: |s, v| {
             s.args.timeout = s.duration("timeout", v)?;
             Ok(())
@@ -40,7 +40,7 @@ pub(super) static FLAGS: &[Flag] = &[
         name: "retry-interval-start",
         kind: Kind::Value("duration"),
         default: "1s",
-        help: "Initial retry interval of a failed attach or detach. It doubles with each failure, up to retry-interval-max. At most 24h.",
+        help: "Initial retry interval of a failed attach or detach. It doubles with each failure, up to retry-interval-max. Greater than zero, at most 24h.",
         set: |s, v| {
             s.args.retry_interval_start = s.duration("retry-interval-start", v)?;
             Ok(())
@@ -50,7 +50,7 @@ pub(super) static FLAGS: &[Flag] = &[
         name: "retry-interval-max",
         kind: Kind::Value("duration"),
         default: "5m0s",
-        help: "Maximum retry interval of a failed attach or detach. At most 24h.",
+        help: "Maximum retry interval of a failed attach or detach; below retry-interval-start, every retry waits this long (as in external-attacher). Greater than zero, at most 24h.",
         set: |s, v| {
             s.args.retry_interval_max = s.duration("retry-interval-max", v)?;
             Ok(())
@@ -91,7 +91,7 @@ pub(super) static FLAGS: &[Flag] = &[
         name: "reconcile-sync",
         kind: Kind::Value("duration"),
         default: "1m0s",
-        help: "Interval between passes of the ListVolumes reconciler. At most 24h.",
+        help: "Interval between passes of the ListVolumes reconciler. Greater than zero, at most 24h.",
         set: |s, v| {
             s.args.reconcile_sync = s.duration("reconcile-sync", v)?;
             Ok(())

@@ -31,9 +31,10 @@
 //! kube-apiserver feature gates that the Go binary accepts without effect are unknown here (only
 //! the attacher's own gates plus `AllAlpha`/`AllBeta`); hexadecimal floats are not accepted by
 //! `--kube-api-qps`; `--vmodule` is validated but not applied. Every number has an upper bound
-//! (the `MAX_*` constants below, shown in the usage): a value Go accepts above it, a negative
+//! (the `MAX_*` constants of [`rules`](super::rules), shown in the usage): a value Go accepts
+//! above it, a zero `--timeout`, `--retry-interval-*` or `--reconcile-sync`, a negative
 //! `--max-entries`, and a lease duration under one second with leader election on are
-//! configuration errors (exit 1).
+//! configuration errors (exit 1), by the same rules as the fields of `drivers.yaml`.
 
 use super::args::Args;
 use super::error::{Error, Parsed};

@@ -3,12 +3,14 @@
 //!
 //! The parts: [`args`] (what a command line gives), [`goflag`] (the parser), [`flags`] (the
 //! table of flags), [`state`] (one flag, and what its setter records), [`values`] (Go's value
-//! syntax), [`validate`] (the checks after parsing), [`error`] (outcomes and exit codes).
+//! syntax), [`rules`] (the rule of each per-driver setting, shared with `drivers.yaml`),
+//! [`validate`] (the checks after parsing), [`error`] (outcomes and exit codes).
 
 pub mod args;
 pub mod error;
 pub mod flags;
 pub mod goflag;
+pub mod rules;
 pub mod state;
 pub mod validate;
 pub mod values;
@@ -16,11 +18,18 @@ pub mod values;
 pub use args::{Args, FeatureGates, LeaderElection, Logging};
 pub use error::{Error, Parsed};
 pub use goflag::{parse_env_or_exit, parse_from, usage};
-pub use validate::{
+pub use rules::{
     MAX_API_BURST, MAX_API_QPS, MAX_DURATION, MAX_GRPC_LOG_LENGTH, MAX_LIST_ENTRIES, MAX_WORKERS,
     MIN_LEASE_DURATION,
 };
 pub use values::{DurationError, GoDuration, parse_go_duration};
+
+/// The version `--version` prints and the image's labels carry: Cargo.toml's, with the build
+/// metadata `git describe` gives (`0.1.0+5.g1a2b3c4.dirty`), stamped by `build.rs`.
+pub const VERSION: &str = env!("ATTACHER_HUB_VERSION");
+
+/// The commit the binary was built from (`git rev-parse HEAD`), or `unknown` without git.
+pub const REVISION: &str = env!("ATTACHER_HUB_REVISION");
 
 /// The tests of the whole command line: what a list of arguments gives.
 #[cfg(test)]
@@ -231,10 +240,42 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_version_is_cargo_tomls_with_gits_build_metadata() {
+        let (package, metadata) = VERSION
+            .split_once('+')
+            .map_or((VERSION, None), |(p, m)| (p, Some(m)));
+        assert_eq!(package, env!("CARGO_PKG_VERSION"));
+        // Past a release tag or without one, the abbreviated commit is in the metadata, and the
+        // revision is the full hash it abbreviates (none on the tag itself, or without git).
+        let hash = metadata.and_then(|m| m.split('.').find_map(|m| m.strip_prefix('g')));
+        if let Some(hash) = hash {
+            assert_eq!(REVISION.len(), 40, "{REVISION}");
+            assert!(REVISION.starts_with(hash), "{REVISION} {hash}");
+        }
+        assert!(
+            REVISION == "unknown" || REVISION.chars().all(|c| c.is_ascii_hexdigit()),
+            "{REVISION}"
+        );
+    }
+
+    #[test]
+    fn gits_description_becomes_semver_build_metadata() {
+        // build.rs's `with_metadata`, checked here through its output format: a SemVer build
+        // metadata part of dot-separated alphanumeric identifiers.
+        if let Some((_, metadata)) = VERSION.split_once('+') {
+            assert!(
+                metadata.split('.').all(|part| !part.is_empty()
+                    && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')),
+                "{VERSION}"
+            );
+        }
+    }
+
+    #[test]
     fn version_prints_argv0_and_version() {
         let expected = Parsed::Exit {
             code: 0,
-            stdout: format!("/attacher-hub v{}\n", env!("CARGO_PKG_VERSION")),
+            stdout: format!("/attacher-hub v{VERSION}\n"),
             stderr: String::new(),
         };
         for flag in ["--version", "-version", "--version=true"] {
@@ -255,19 +296,50 @@ pub(crate) mod tests {
         let a = args(&[
             "--resync=1m30s",
             "--retry-interval-start=500ms",
-            "--retry-interval-max=0",
+            "--retry-interval-max=1h",
             "--reconcile-sync=2h",
             "--graceful-shutdown-timeout=1.5s",
         ]);
         assert_eq!(a.resync, secs(90));
         assert_eq!(a.retry_interval_start, Duration::from_millis(500));
-        assert_eq!(a.retry_interval_max, Duration::ZERO);
+        assert_eq!(a.retry_interval_max, secs(3600));
         assert_eq!(a.reconcile_sync, secs(7200));
         assert_eq!(a.graceful_shutdown_timeout, Duration::from_millis(1500));
-        let (a, warnings) = run(&["--timeout=-5s"]);
-        assert_eq!(a.timeout, Duration::ZERO);
+        let (a, warnings) = run(&["--resync=-5s"]);
+        assert_eq!(a.resync, Duration::ZERO);
         assert_eq!(warnings.len(), 1);
-        assert!(warnings[0].contains("-timeout"));
+        assert!(warnings[0].contains("-resync"));
+    }
+
+    /// The rules of `rules.rs`, as a `drivers.yaml` entry is held to them: a per-driver pause
+    /// of zero is refused naming the flag, and a retry maximum below the start is accepted
+    /// (external-attacher accepts it; every retry then waits the maximum).
+    #[test]
+    fn per_driver_pauses_must_be_positive_and_the_retry_maximum_may_be_below_the_start() {
+        for flag in [
+            "timeout",
+            "retry-interval-start",
+            "retry-interval-max",
+            "reconcile-sync",
+        ] {
+            for value in ["0", "0s", "-1s"] {
+                let e = err(&[&format!("--{flag}={value}")]);
+                assert_eq!(e.exit_code(), 1, "--{flag}={value}");
+                assert_eq!(
+                    e.to_string(),
+                    format!("--{flag} must be greater than zero, not 0s"),
+                    "--{flag}={value}"
+                );
+            }
+        }
+        let a = args(&["--retry-interval-start=10s", "--retry-interval-max=1s"]);
+        assert_eq!(
+            (a.retry_interval_start, a.retry_interval_max),
+            (secs(10), secs(1))
+        );
+        // client-go's reading of zero for a driver's budget, as in `drivers.yaml`.
+        let a = args(&["--kube-api-qps=0", "--kube-api-burst=0"]);
+        assert_eq!((a.kube_api_qps, a.kube_api_burst), (0.0, 0));
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Why a driver list was refused: [`Error`] names the file, line, column and field; [`Problem`]
 //! says what is wrong; [`Invalid`] is a problem at a field path before it is placed in the text.
 
-use std::{path::PathBuf, time::Duration};
+use std::path::PathBuf;
 
-use crate::cli::{DurationError, GoDuration, error::timing_comparison};
+use crate::cli::{DurationError, error::timing_text};
 use crate::csi::Address;
 use crate::leader::timing::TimingError;
 
@@ -106,11 +106,6 @@ pub enum Problem {
     /// Negative where zero means "off".
     #[error("must not be negative, not {0}")]
     Negative(String),
-    /// `kubeApiQps: 0`, which client-go would read as its default of 5.
-    #[error(
-        "must not be {0}: write the requests per second (the client-go default is 5), or a negative number for no limit"
-    )]
-    ZeroQps(String),
     /// A number above the bound of the setting (see the `MAX_*` constants of [`crate::cli`]).
     #[error("must be at most {max}, not {value}")]
     TooLarge {
@@ -122,22 +117,17 @@ pub enum Problem {
     /// A lease duration under [`crate::cli::MIN_LEASE_DURATION`].
     #[error("must be at least 1s, not {0}: a Lease holds whole seconds")]
     LeaseTooShort(String),
-    /// `retryIntervalMax` below `retryIntervalStart` (after defaults are applied).
-    #[error(
-        "retryIntervalMax ({}) must not be less than retryIntervalStart ({})",
-        GoDuration(*max),
-        GoDuration(*start)
-    )]
-    RetryMaxBelowStart {
-        /// First retry delay.
-        start: Duration,
-        /// Cap of the retry delay.
-        max: Duration,
-    },
     /// The leader-election timing is refused: the lease does not outlive the renew deadline,
-    /// or the renew deadline is within the jittered retry period.
-    #[error("{}", timing_comparison(.0, ["leaseDuration", "renewDeadline", "retryPeriod"]))]
-    Timing(TimingError),
+    /// the renew deadline is within the jittered retry period, or a value the entry took from
+    /// the flags is zero or a lease under one second.
+    #[error("{}", timing_message(.refused, .names))]
+    Timing {
+        /// What is wrong.
+        refused: TimingError,
+        /// Where the lease duration, renew deadline and retry period were set: the entry's
+        /// field (`leaseDuration`) or the flag (`--leader-election-lease-duration`).
+        names: [String; 3],
+    },
     /// Two entries for one socket.
     #[error("socket {address} is already the address of {other} (line {other_line})")]
     DuplicateAddress {
@@ -174,6 +164,11 @@ pub enum Problem {
         /// The shared finalizer.
         finalizer: String,
     },
+}
+
+/// [`timing_text`] with the names of [`Problem::Timing`].
+fn timing_message(refused: &TimingError, names: &[String; 3]) -> String {
+    timing_text(refused, [&names[0], &names[1], &names[2]])
 }
 
 fn duration_reason(reason: &DurationError) -> String {

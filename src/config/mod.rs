@@ -10,8 +10,8 @@
 //! ([`MAX_FILE_BYTES`]), its encoding (UTF-8; the first invalid byte is named with its line and
 //! column), the YAML structure (nesting, nodes, anchors and alias expansion: the `yaml` module's
 //! budget), the number of drivers ([`MAX_DRIVERS`]) and of workers ([`MAX_HUB_WORKERS`]), and
-//! every number (the same bounds as the flags': [`cli::MAX_WORKERS`](crate::cli::MAX_WORKERS), [`cli::MAX_DURATION`](crate::cli::MAX_DURATION),
-//! [`cli::MAX_API_QPS`](crate::cli::MAX_API_QPS), [`cli::MAX_API_BURST`](crate::cli::MAX_API_BURST), [`cli::MAX_LIST_ENTRIES`](crate::cli::MAX_LIST_ENTRIES)).
+//! every value by the rule of its setting, the one its flag is held to
+//! ([`cli::rules`](crate::cli::rules): its bound, and what zero and negative values mean).
 //!
 //! The parts: [`file`](mod@file) (the serde types), [`validate`] (checks and defaults), [`defaults`] (the
 //! flags' settings), [`settings`] (what a validated entry is), [`error`] and `yaml` (positions).
@@ -416,6 +416,48 @@ mod tests {
         );
     }
 
+    /// `--retry-interval-start=10s --retry-interval-max=1s` used to make every entry that set
+    /// neither field fail, blamed on the entry. One rule now: accepted from the flags, from a
+    /// file entry and for a discovered driver's entry alike.
+    #[test]
+    fn the_flags_retry_pair_is_accepted_for_every_entry_as_it_is_for_the_flags() {
+        let args = Args {
+            retry_interval_start: secs(10),
+            retry_interval_max: secs(1),
+            ..Args::default()
+        };
+        let d = Defaults::with_identity(&args, "h".to_owned());
+        let text = "drivers:\n- address: /a\n- name: b.io\n- address: /c\n  retryIntervalMax: 2s\n";
+        let c = parse(text, "drivers.yaml", &d, true).expect("one rule for every source");
+        let pair = |s: &Settings| (s.retry_interval_start, s.retry_interval_max);
+        assert_eq!(pair(&c.drivers[0]), (secs(10), secs(1)));
+        assert_eq!(pair(&c.drivers[1]), (secs(10), secs(2)));
+        let at = "/plugins/b/csi.sock".parse().expect("a path");
+        assert_eq!(pair(&c.discovered[0].at(at)), (secs(10), secs(1)));
+        // A discovered driver without an entry gets the flags' settings as they are.
+        let at = "/plugins/x/csi.sock".parse().expect("a path");
+        assert_eq!(pair(&d.settings_for(at)), (secs(10), secs(1)));
+    }
+
+    /// A value the flags set is named by its flag where a file entry brings it into use, at the
+    /// position of the field that did.
+    #[test]
+    fn a_refused_value_of_the_flags_is_named_by_its_flag_at_the_field_that_used_it() {
+        let mut args = Args::default();
+        args.leader_election.lease_duration = secs(8);
+        let d = Defaults::with_identity(&args, "h".to_owned());
+        let text = "drivers:\n- address: /a\n  leaderElection: true\n";
+        let e = parse(text, "drivers.yaml", &d, false).expect_err("the flags' timing");
+        assert_eq!(
+            e.to_string(),
+            "drivers.yaml:3:3: drivers[0].leaderElection: --leader-election-lease-duration (8s) must be greater than --leader-election-renew-deadline (10s)"
+        );
+        let text = "drivers:\n- address: /a\n  leaderElection:\n    renewDeadline: 7s\n";
+        let c = parse(text, "drivers.yaml", &d, false).expect("8s > 7s > 1.2 × 5s");
+        let le = c.drivers[0].leader_election.as_ref().expect("on");
+        assert_eq!((le.lease_duration, le.renew_deadline), (secs(8), secs(7)));
+    }
+
     #[test]
     fn each_bad_input_is_refused_naming_file_line_and_field() {
         let cases: &[(&str, &str)] = &[
@@ -448,8 +490,8 @@ mod tests {
                 "drivers.yaml:3:3: drivers[0].timeout: must be greater than zero, not 0s",
             ),
             (
-                "drivers:\n- address: /a\n  retryIntervalMax: 500ms\n",
-                "drivers.yaml:3:3: drivers[0].retryIntervalMax: retryIntervalMax (500ms) must not be less than retryIntervalStart (1s)",
+                "drivers:\n- address: /a\n  retryIntervalMax: 0s\n",
+                "drivers.yaml:3:3: drivers[0].retryIntervalMax: must be greater than zero, not 0s",
             ),
             (
                 "drivers:\n  - address: /a\n  - timeout: 5s\n",
@@ -500,10 +542,6 @@ mod tests {
                 "drivers.yaml:3:3: drivers[0].maxEntries: must not be negative, not -1",
             ),
             (
-                "drivers:\n- address: /a\n  kubeApiQps: 0\n",
-                "drivers.yaml:3:3: drivers[0].kubeApiQps: must not be 0: write the requests per second (the client-go default is 5), or a negative number for no limit",
-            ),
-            (
                 "drivers:\n- address: /a\nhubKubeApiQps: -1\n",
                 "drivers.yaml:3:1: hubKubeApiQps: must not be negative, not -1",
             ),
@@ -512,8 +550,8 @@ mod tests {
                 "drivers.yaml:4:1: hubKubeApiBurst: must not be negative, not -5",
             ),
             (
-                "drivers:\n- address: /a\n  kubeApiBurst: 0\n",
-                "drivers.yaml:3:3: drivers[0].kubeApiBurst: must be greater than zero, not 0",
+                "drivers:\n- address: /a\n  kubeApiBurst: -1\n",
+                "drivers.yaml:3:3: drivers[0].kubeApiBurst: must not be negative, not -1",
             ),
             (
                 "drivers:\n- address: /a\n  name: \"\"\n",
@@ -521,11 +559,11 @@ mod tests {
             ),
             (
                 "drivers:\n- address: /a\n  leaderElection:\n    leaseDuration: 10s\n",
-                "drivers.yaml:4:5: drivers[0].leaderElection.leaseDuration: leaseDuration (10s) must be greater than renewDeadline (10s)",
+                "drivers.yaml:4:5: drivers[0].leaderElection.leaseDuration: leaseDuration (10s) must be greater than --leader-election-renew-deadline (10s)",
             ),
             (
                 "drivers:\n- address: /a\n  leaderElection:\n    retryPeriod: 9s\n",
-                "drivers.yaml:4:5: drivers[0].leaderElection.retryPeriod: renewDeadline (10s) must be greater than 1.2 × retryPeriod (9s)",
+                "drivers.yaml:4:5: drivers[0].leaderElection.retryPeriod: --leader-election-renew-deadline (10s) must be greater than 1.2 × retryPeriod (9s)",
             ),
             (
                 "drivers:\n- address: /a\n  leaderElection:\n    renewDeadline: 0s\n",

@@ -1,6 +1,7 @@
-//! Checking a parsed driver list: every entry's values and bounds, the flags' defaults applied
-//! to what it leaves out, and no two entries for one socket or one finalizer. Pure: the places
-//! of the problems in the text are filled in by [`parse`](super::parse).
+//! Checking a parsed driver list: every entry's values by the rule of their setting (the one the
+//! flags are held to, [`cli::rules`]), the flags' defaults applied to what it leaves out, and no
+//! two entries for one socket or one finalizer. Pure: the places of the problems in the text
+//! are filled in by [`parse`](super::parse).
 
 use std::{collections::HashMap, time::Duration};
 
@@ -9,10 +10,11 @@ use super::defaults::Defaults;
 use super::error::{Invalid, Problem};
 use super::file::{DriverEntry, File, LeaderElection, LeaderElectionSettings, WorkerThreads};
 use super::settings::{Config, LeaderSettings, NamedSettings, Settings};
+use crate::cli::rules::{Count, Pause, Rate, Refusal};
 use crate::cli::{self, GoDuration};
 use crate::csi::Address;
 use crate::k8s::budget::Limit;
-use crate::leader::timing::{self, TimingError};
+use crate::leader::timing::{self, TimingError, TimingField};
 
 impl File {
     /// Checks every entry and applies `defaults` to what it leaves out. `discovery`: drivers
@@ -81,15 +83,12 @@ impl File {
         };
         let qps = match self.hub_kube_api_qps {
             None => flag_qps,
-            Some(q) if q < 0.0 => {
-                return Err(invalid("hubKubeApiQps", Problem::Negative(q.to_string())));
-            }
-            Some(q) => qps_at_most_max("hubKubeApiQps", q)?,
+            Some(q) => rate(Rate::HubKubeApiQps.field(), Rate::HubKubeApiQps, q)?,
         };
         let burst = match self.hub_kube_api_burst {
             None if self.hub_kube_api_qps.is_some() => 0,
             None => flag_burst,
-            Some(b) => bounded("hubKubeApiBurst", b, 0, cli::MAX_API_BURST)?,
+            Some(b) => count(Count::HubKubeApiBurst.field(), Count::HubKubeApiBurst, b)?,
         };
         Ok(Limit::cap(qps, burst))
     }
@@ -102,39 +101,28 @@ fn invalid(field: impl Into<String>, problem: Problem) -> Invalid {
     }
 }
 
-/// `value` within `min..=max` (`min` 0 or 1, `max` at most `u32::MAX`), as a `u32`.
-fn bounded(field: &str, value: i64, min: i64, max: i64) -> Result<u32, Invalid> {
-    let problem = if value < min {
-        if min == 0 {
-            Problem::Negative(value.to_string())
-        } else {
-            Problem::NotPositive(value.to_string())
-        }
-    } else if value > max {
-        Problem::TooLarge {
-            value: value.to_string(),
-            max: max.to_string(),
-        }
-    } else {
-        // Within `min..=max`, so within `u32`.
-        return Ok(u32::try_from(value).unwrap_or(u32::MAX));
+/// The problem of a value that the rule of its setting refuses; `value` as written.
+fn refused(field: &str, refusal: Refusal, value: String) -> Invalid {
+    let problem = match refusal {
+        Refusal::NotPositive => Problem::NotPositive(value),
+        Refusal::Negative => Problem::Negative(value),
+        Refusal::TooLarge { max } => Problem::TooLarge { value, max },
     };
-    Err(invalid(field, problem))
+    invalid(field, problem)
 }
 
-/// A QPS not above [`cli::MAX_API_QPS`] (NaN and infinity are above it).
-fn qps_at_most_max(field: &str, qps: f64) -> Result<f64, Invalid> {
-    if qps <= cli::MAX_API_QPS {
-        Ok(qps)
-    } else {
-        Err(invalid(
-            field,
-            Problem::TooLarge {
-                value: qps.to_string(),
-                max: cli::MAX_API_QPS.to_string(),
-            },
-        ))
-    }
+/// `value` at `field`, by the rule of `setting`.
+fn count(field: &str, setting: Count, value: i64) -> Result<u32, Invalid> {
+    setting
+        .check(value)
+        .map_err(|r| refused(field, r, value.to_string()))
+}
+
+/// `qps` at `field`, by the rule of `setting`.
+fn rate(field: &str, setting: Rate, qps: f64) -> Result<f64, Invalid> {
+    setting
+        .check(qps)
+        .map_err(|r| refused(field, r, qps.to_string()))
 }
 
 /// The address of the settings of an entry without one (never used: [`NamedSettings::at`]
@@ -162,7 +150,7 @@ impl DriverEntry {
             (s.attach_workers, s.detach_workers, s.csi_calls) = worker_pools(at, threads)?;
         }
         if let Some(n) = self.max_entries {
-            let n = bounded(&field(at, "maxEntries"), n, 0, cli::MAX_LIST_ENTRIES)?;
+            let n = count(&field(at, Count::MaxEntries.field()), Count::MaxEntries, n)?;
             // At most `MAX_LIST_ENTRIES`, which is `i32::MAX`.
             s.max_entries = i32::try_from(n).unwrap_or(i32::MAX);
         }
@@ -195,39 +183,25 @@ impl DriverEntry {
         }
     }
 
-    /// `timeout`, `retryIntervalStart`, `retryIntervalMax` (not below the start) and
-    /// `reconcileSync`, over the flags' values in `s`.
+    /// `timeout`, `retryIntervalStart`, `retryIntervalMax` and `reconcileSync`, over the flags'
+    /// values in `s`. A maximum below the start is fine, as from the flags (see
+    /// [`cli::rules`]): every retry then waits the maximum.
     fn apply_durations(&self, at: &str, s: &mut Settings) -> Result<(), Invalid> {
-        s.timeout = optional_duration(at, "timeout", &self.timeout, s.timeout)?;
-        s.retry_interval_start = optional_duration(
-            at,
-            "retryIntervalStart",
+        let d = |pause: Pause, value: &Option<String>, default| {
+            optional_duration(at, pause, value, default)
+        };
+        s.timeout = d(Pause::Timeout, &self.timeout, s.timeout)?;
+        s.retry_interval_start = d(
+            Pause::RetryIntervalStart,
             &self.retry_interval_start,
             s.retry_interval_start,
         )?;
-        s.retry_interval_max = optional_duration(
-            at,
-            "retryIntervalMax",
+        s.retry_interval_max = d(
+            Pause::RetryIntervalMax,
             &self.retry_interval_max,
             s.retry_interval_max,
         )?;
-        if s.retry_interval_max < s.retry_interval_start {
-            // Blame the one the entry wrote: the maximum if it did, else the start.
-            let name = if self.retry_interval_max.is_some() {
-                "retryIntervalMax"
-            } else {
-                "retryIntervalStart"
-            };
-            return Err(invalid(
-                field(at, name),
-                Problem::RetryMaxBelowStart {
-                    start: s.retry_interval_start,
-                    max: s.retry_interval_max,
-                },
-            ));
-        }
-        s.reconcile_sync =
-            optional_duration(at, "reconcileSync", &self.reconcile_sync, s.reconcile_sync)?;
+        s.reconcile_sync = d(Pause::ReconcileSync, &self.reconcile_sync, s.reconcile_sync)?;
         Ok(())
     }
 
@@ -237,21 +211,18 @@ impl DriverEntry {
         if self.kube_api_qps.is_none() && self.kube_api_burst.is_none() {
             return Ok(None);
         }
+        // Read as client-go reads the flags: 0 means 5 (10 for the burst), negative no limit.
         let qps = match self.kube_api_qps {
             None => defaults.kube_api_qps,
-            // 0 would silently mean client-go's default of 5: ask for what is meant.
-            Some(q) if q == 0.0 => {
-                return Err(invalid(
-                    field(at, "kubeApiQps"),
-                    Problem::ZeroQps(q.to_string()),
-                ));
-            }
-            // Negative: no limit, as client-go reads it.
-            Some(q) => qps_at_most_max(&field(at, "kubeApiQps"), q)?,
+            Some(q) => rate(&field(at, Rate::KubeApiQps.field()), Rate::KubeApiQps, q)?,
         };
         let burst = match self.kube_api_burst {
             None => defaults.kube_api_burst,
-            Some(b) => bounded(&field(at, "kubeApiBurst"), b, 1, cli::MAX_API_BURST)?,
+            Some(b) => count(
+                &field(at, Count::KubeApiBurst.field()),
+                Count::KubeApiBurst,
+                b,
+            )?,
         };
         Ok(Some(Limit::client_go(qps, burst)))
     }
@@ -262,16 +233,16 @@ fn field(at: &str, name: &str) -> String {
     format!("{at}.{name}")
 }
 
-/// The duration the entry writes at `<at>.<name>`, else `default`.
+/// The duration the entry writes for `pause` (at `<at>.<field>`), else `default`.
 fn optional_duration(
     at: &str,
-    name: &str,
+    pause: Pause,
     value: &Option<String>,
     default: Duration,
 ) -> Result<Duration, Invalid> {
-    value
-        .as_deref()
-        .map_or(Ok(default), |v| positive_duration(&field(at, name), v))
+    value.as_deref().map_or(Ok(default), |v| {
+        duration(&field(at, pause.field()), pause, v)
+    })
 }
 
 /// `workerThreads`: the attach workers, the detach workers and the concurrent CSI calls. One
@@ -290,15 +261,14 @@ fn worker_pools(at: &str, threads: &WorkerThreads) -> Result<(usize, usize, usiz
     }
 }
 
-/// A worker count in `1..=cli::MAX_WORKERS`.
+/// A worker count, by the rule of [`Count::WorkerThreads`].
 fn workers(field: &str, n: i64) -> Result<usize, Invalid> {
-    let max = i64::try_from(cli::MAX_WORKERS).unwrap_or(i64::MAX);
-    let n = bounded(field, n, 1, max)?;
+    let n = count(field, Count::WorkerThreads, n)?;
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
-/// A Go duration greater than zero and at most [`cli::MAX_DURATION`].
-fn positive_duration(field: &str, value: &str) -> Result<Duration, Invalid> {
+/// A Go duration at `field`, by the rule of `pause`.
+fn duration(field: &str, pause: Pause, value: &str) -> Result<Duration, Invalid> {
     let nanos = cli::parse_go_duration(value).map_err(|reason| {
         invalid(
             field,
@@ -308,18 +278,9 @@ fn positive_duration(field: &str, value: &str) -> Result<Duration, Invalid> {
             },
         )
     })?;
-    match u64::try_from(nanos) {
-        Ok(n) if n > 0 => {
-            let d = Duration::from_nanos(n);
-            if d > cli::MAX_DURATION {
-                let max = GoDuration(cli::MAX_DURATION).to_string();
-                let value = value.to_owned();
-                return Err(invalid(field, Problem::TooLarge { value, max }));
-            }
-            Ok(d)
-        }
-        _ => Err(invalid(field, Problem::NotPositive(value.to_owned()))),
-    }
+    pause
+        .check(i128::from(nanos))
+        .map_err(|r| refused(field, r, value.to_owned()))
 }
 
 fn leader_election(
@@ -333,57 +294,27 @@ fn leader_election(
         LeaderElection::Enabled(true) => &LeaderElectionSettings::default(),
         LeaderElection::Settings(o) => o,
     };
-    let field = |name: &str| field(at, name);
-    let duration = |name: &str, value: &Option<String>, default: Duration| {
-        optional_duration(at, name, value, default)
+    let duration = |pause: Pause, value: &Option<String>, default: Duration| {
+        optional_duration(at, pause, value, default)
     };
-    let lease_duration = duration("leaseDuration", &o.lease_duration, flags.lease_duration)?;
-    let renew_deadline = duration("renewDeadline", &o.renew_deadline, flags.renew_deadline)?;
-    let retry_period = duration("retryPeriod", &o.retry_period, flags.retry_period)?;
+    let lease_duration = duration(
+        Pause::LeaseDuration,
+        &o.lease_duration,
+        flags.lease_duration,
+    )?;
+    let renew_deadline = duration(
+        Pause::RenewDeadline,
+        &o.renew_deadline,
+        flags.renew_deadline,
+    )?;
+    let retry_period = duration(Pause::RetryPeriod, &o.retry_period, flags.retry_period)?;
     if o.namespace.as_deref() == Some("") {
-        return Err(invalid(field("namespace"), Problem::Empty));
+        return Err(invalid(field(at, "namespace"), Problem::Empty));
     }
     if o.enabled == Some(false) {
         return Ok(None);
     }
-    // The field to blame: the first of `candidates` written in the file, else the object.
-    let blame = |candidates: [(&str, bool); 2]| {
-        candidates
-            .iter()
-            .find(|(_, written)| *written)
-            .map_or_else(|| at.to_owned(), |(name, _)| field(name))
-    };
-    if let Err(refused) = timing::check(lease_duration, renew_deadline, retry_period) {
-        let (blamed, problem) = match refused {
-            TimingError::LeaseNotLongerThanRenewDeadline { .. } => (
-                blame([
-                    ("leaseDuration", o.lease_duration.is_some()),
-                    ("renewDeadline", o.renew_deadline.is_some()),
-                ]),
-                Problem::Timing(refused),
-            ),
-            TimingError::RenewDeadlineNotLongerThanRetry { .. } => (
-                blame([
-                    ("renewDeadline", o.renew_deadline.is_some()),
-                    ("retryPeriod", o.retry_period.is_some()),
-                ]),
-                Problem::Timing(refused),
-            ),
-            TimingError::LeaseTooShort(d) => (
-                match o.lease_duration {
-                    Some(_) => field("leaseDuration"),
-                    None => at.to_owned(),
-                },
-                Problem::LeaseTooShort(GoDuration(d).to_string()),
-            ),
-            // Every duration was checked positive above; kept for completeness.
-            TimingError::Zero(_) => (
-                at.to_owned(),
-                Problem::NotPositive(GoDuration(Duration::ZERO).to_string()),
-            ),
-        };
-        return Err(invalid(blamed, problem));
-    }
+    check_timing(at, o, [lease_duration, renew_deadline, retry_period])?;
     let mut settings =
         defaults.leader_settings(o.namespace.as_deref().or(flags.namespace.as_deref()));
     settings.lease_duration = lease_duration;
@@ -393,6 +324,56 @@ fn leader_election(
         settings.labels = labels.clone();
     }
     Ok(Some(settings))
+}
+
+/// [`timing::check`] of the lease duration, renew deadline and retry period the entry at `at`
+/// (`o`) wrote or took from the flags. The message names the place that set each value it
+/// compares, the entry's field or the flag; the error is placed at the first of them the entry
+/// wrote, else at `leaderElection`, which turned leader election on with the flags' values.
+fn check_timing(
+    at: &str,
+    o: &LeaderElectionSettings,
+    [lease, renew, retry]: [Duration; 3],
+) -> Result<(), Invalid> {
+    let Err(refused) = timing::check(lease, renew, retry) else {
+        return Ok(());
+    };
+    const PAUSES: [Pause; 3] = [
+        Pause::LeaseDuration,
+        Pause::RenewDeadline,
+        Pause::RetryPeriod,
+    ];
+    let written = [
+        o.lease_duration.is_some(),
+        o.renew_deadline.is_some(),
+        o.retry_period.is_some(),
+    ];
+    let names: [String; 3] = std::array::from_fn(|i| {
+        if written[i] {
+            PAUSES[i].field().to_owned()
+        } else {
+            format!("--{}", PAUSES[i].flag())
+        }
+    });
+    let compared: &[usize] = match refused {
+        TimingError::LeaseNotLongerThanRenewDeadline { .. } => &[0, 1],
+        TimingError::RenewDeadlineNotLongerThanRetry { .. } => &[1, 2],
+        TimingError::LeaseTooShort(_) | TimingError::Zero(TimingField::LeaseDuration) => &[0],
+        TimingError::Zero(TimingField::RenewDeadline) => &[1],
+        TimingError::Zero(TimingField::RetryPeriod) => &[2],
+    };
+    let blamed = compared
+        .iter()
+        .find(|&&i| written[i])
+        .map_or_else(|| at.to_owned(), |&i| field(at, PAUSES[i].field()));
+    let problem = match refused {
+        // The entry's own value: the field says which.
+        TimingError::LeaseTooShort(d) if written[0] => {
+            Problem::LeaseTooShort(GoDuration(d).to_string())
+        }
+        _ => Problem::Timing { refused, names },
+    };
+    Err(invalid(blamed, problem))
 }
 
 /// Refuses two entries for one socket, one name, or two names that share a finalizer. Each
@@ -501,41 +482,97 @@ mod tests {
         assert_eq!(*e.problem, Problem::Address("csi.sock".into()));
     }
 
+    /// The flags' rule (`cli::rules`): a maximum below the start is accepted from the flags,
+    /// from the entry, and from one of each, and every retry then waits the maximum.
     #[test]
-    fn a_retry_maximum_below_the_start_blames_the_one_the_entry_wrote() {
-        let d = defaults();
-        let mut s = d.settings_for("/csi.sock".parse().expect("address"));
-        let start_only = DriverEntry {
-            retry_interval_start: Some("1h".into()),
+    fn a_retry_maximum_below_the_start_is_accepted_from_every_source() {
+        let flags = Args {
+            retry_interval_start: Duration::from_secs(10),
+            retry_interval_max: Duration::from_secs(1),
+            ..Args::default()
+        };
+        let d = Defaults::with_identity(&flags, "test-host".to_owned());
+        let entry = |start: Option<&str>, max: Option<&str>| DriverEntry {
+            retry_interval_start: start.map(str::to_owned),
+            retry_interval_max: max.map(str::to_owned),
             ..DriverEntry::default()
         };
-        let e = start_only
-            .apply_durations("e", &mut s)
-            .expect_err("start above the flags' maximum");
-        assert_eq!(e.field, "e.retryIntervalStart");
-        let both = DriverEntry {
-            retry_interval_max: Some("2s".into()),
-            ..start_only
-        };
-        let e = both
-            .apply_durations("e", &mut s)
-            .expect_err("max below start");
-        assert_eq!(e.field, "e.retryIntervalMax");
+        let secs = Duration::from_secs;
+        for (e, want) in [
+            // Neither written: the flags' pair, as for a discovered driver.
+            (entry(None, None), (secs(10), secs(1))),
+            (entry(Some("1h"), None), (secs(3600), secs(1))),
+            (
+                entry(None, Some("500ms")),
+                (secs(10), Duration::from_millis(500)),
+            ),
+            (entry(Some("2s"), Some("1s")), (secs(2), secs(1))),
+        ] {
+            let mut s = d.settings_for("/csi.sock".parse().expect("address"));
+            e.apply_durations("e", &mut s).expect("accepted");
+            assert_eq!(
+                (s.retry_interval_start, s.retry_interval_max),
+                want,
+                "{e:?}"
+            );
+        }
         let fine = DriverEntry {
             timeout: Some("7s".into()),
             reconcile_sync: Some("2m".into()),
             ..DriverEntry::default()
         };
-        let mut s = d.settings_for("/csi.sock".parse().expect("address"));
+        let mut s = defaults().settings_for("/csi.sock".parse().expect("address"));
         fine.apply_durations("e", &mut s).expect("valid");
+        assert_eq!((s.timeout, s.reconcile_sync), (secs(7), secs(120)));
+        let zero = entry(None, Some("0s"));
+        let e = zero.apply_durations("e", &mut s).expect_err("zero");
+        assert_eq!(e.field, "e.retryIntervalMax");
+        assert_eq!(*e.problem, Problem::NotPositive("0s".into()));
+    }
+
+    /// A timing refused for values the flags set names the flags, at the `leaderElection`
+    /// field that turned leader election on; a value the entry wrote is named by its field.
+    #[test]
+    fn a_refused_leader_election_timing_names_where_each_value_was_set() {
+        // Leader election off in the flags, so their timing was not checked at start.
+        let flags = Args {
+            leader_election: cli::LeaderElection {
+                renew_deadline: Duration::from_secs(20),
+                retry_period: Duration::ZERO,
+                ..cli::LeaderElection::default()
+            },
+            ..Args::default()
+        };
+        let d = Defaults::with_identity(&flags, "h".to_owned());
+        let on = LeaderElection::Enabled(true);
+        let e = leader_election("e.leaderElection", &on, &d).expect_err("the flags' timing");
+        assert_eq!(e.field, "e.leaderElection");
         assert_eq!(
-            (s.timeout, s.reconcile_sync),
-            (Duration::from_secs(7), Duration::from_secs(120))
+            e.problem.to_string(),
+            "--leader-election-lease-duration (15s) must be greater than --leader-election-renew-deadline (20s)"
+        );
+        let lease = |v: &str| {
+            LeaderElection::Settings(LeaderElectionSettings {
+                lease_duration: Some(v.into()),
+                ..LeaderElectionSettings::default()
+            })
+        };
+        let e = leader_election("e.leaderElection", &lease("30s"), &d).expect_err("zero retry");
+        assert_eq!(e.field, "e.leaderElection");
+        assert_eq!(
+            e.problem.to_string(),
+            "--leader-election-retry-period must be greater than zero, not 0s"
+        );
+        let e = leader_election("e.leaderElection", &lease("10s"), &d).expect_err("short lease");
+        assert_eq!(e.field, "e.leaderElection.leaseDuration");
+        assert_eq!(
+            e.problem.to_string(),
+            "leaseDuration (10s) must be greater than --leader-election-renew-deadline (20s)"
         );
     }
 
     #[test]
-    fn an_entrys_api_budget_takes_the_missing_half_from_the_flags_and_refuses_zero_qps() {
+    fn an_entrys_api_budget_takes_the_missing_half_from_the_flags_and_reads_zero_as_client_go() {
         let d = defaults();
         assert_eq!(DriverEntry::default().api_budget("e", &d), Ok(None));
         let burst_only = DriverEntry {
@@ -546,12 +583,15 @@ mod tests {
             burst_only.api_budget("e", &d),
             Ok(Some(Limit::client_go(d.kube_api_qps, 7)))
         );
+        // Zero as client-go reads it, as for the flags: 5 requests per second, a burst of 10.
         let zero = DriverEntry {
             kube_api_qps: Some(0.0),
+            kube_api_burst: Some(0),
             ..DriverEntry::default()
         };
-        let e = zero.api_budget("e", &d).expect_err("zero qps");
-        assert_eq!(e.field, "e.kubeApiQps");
-        assert_eq!(*e.problem, Problem::ZeroQps("0".into()));
+        assert_eq!(
+            zero.api_budget("e", &d),
+            Ok(Some(Limit::client_go(5.0, 10)))
+        );
     }
 }

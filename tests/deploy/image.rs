@@ -1,8 +1,10 @@
-//! The container image, built here and run as the manifests run it:
+//! The container image `make release` builds, run as the manifests run it, and
+//! the release's other artifacts checked against it and against the source:
 //!
-//! * `scripts/build-image.sh` builds it with buildah FROM scratch (nothing is
-//!   pulled) from the release binary (`cargo build --release --locked --bin
-//!   attacher-hub`, the Dockerfile's command);
+//! * `scripts/release.sh` (make release) builds it with `scripts/build-image.sh`,
+//!   buildah FROM scratch (nothing is pulled), from the release binary (`cargo
+//!   build --release --locked --bin attacher-hub`, the Dockerfile's command),
+//!   and exports it as an OCI archive, which podman loads here;
 //! * its configuration is the Dockerfile's runtime stage (entrypoint, user,
 //!   exposed port), and it holds the binary, the libraries it links, CA
 //!   certificates, passwd/group/nsswitch and copyright files: no shell;
@@ -38,16 +40,8 @@ use support::{
     unique_driver_name, unique_name, wait_deleted, wait_for,
 };
 
-/// The Dockerfile's release build (tests/deploy/deploy.rs checks the Dockerfile runs
-/// exactly this).
-const RELEASE_BUILD: [&str; 6] = [
-    "build",
-    "--release",
-    "--locked",
-    "--bin",
-    "attacher-hub",
-    "--quiet",
-];
+#[path = "../support/release.rs"]
+mod release;
 
 /// Bound on the image size: the binary (~18 MB), glibc and CA certificates;
 /// far above this, something unintended went in.
@@ -268,9 +262,11 @@ impl Drop for Cleanup<'_> {
 }
 
 #[tokio::test]
-async fn image_built_here_runs_as_the_manifests_run_it() {
+async fn the_release_image_runs_as_the_manifests_run_it() {
     let cluster = Cluster::get();
-    let (buildah, podman_bin) = (tool("buildah", IMAGE_TOOLS), tool("podman", IMAGE_TOOLS));
+    // buildah for scripts/release.sh, found on the PATH as the script finds it.
+    tool("buildah", IMAGE_TOOLS);
+    let podman_bin = tool("podman", IMAGE_TOOLS);
     tool("runc", IMAGE_TOOLS);
     let work = tempfile::Builder::new()
         .prefix("ah-image-")
@@ -311,42 +307,34 @@ async fn image_built_here_runs_as_the_manifests_run_it() {
         info["host"]["cgroupVersion"]
     );
 
-    // 1. The release binary (a no-op when scripts/test.sh has built it).
+    // 1. The release (reused when scripts/release.sh finds it up to date).
     let t0 = Instant::now();
-    let mut release = Command::new(env!("CARGO"));
-    release.args(RELEASE_BUILD).current_dir(repo());
-    support::without_cargo_test_env(&mut release);
-    let (ok, _, err) = run(&mut release);
-    assert!(ok, "cargo {RELEASE_BUILD:?} failed:\n{err}");
+    let release = release::release();
     let release_build = t0.elapsed();
-    let binary = repo().join("target/release/attacher-hub");
+    let binary = release.file("binary");
 
-    // 2. The image.
-    let tag = format!("localhost/attacher-hub:{container}");
+    // 2. Its image, loaded from the OCI archive.
+    let tag = release.str(&["image", "reference"]).to_string();
     let t0 = Instant::now();
-    let (ok, out, err) = run(Command::new(repo().join("scripts/build-image.sh"))
-        .arg("--binary")
-        .arg(&binary)
-        .arg("--tag")
-        .arg(&tag)
-        .arg("--storage")
-        .arg(work.join("storage"))
-        .env("PATH", {
-            let dir = buildah.parent().expect("buildah's directory").to_path_buf();
-            let path = std::env::var_os("PATH").unwrap_or_default();
-            std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&path)))
-                .expect("PATH")
-        }));
-    assert!(ok, "scripts/build-image.sh failed:\n{out}{err}");
+    let loaded = podman.ok(&[
+        "load",
+        "--input",
+        &release.image_archive().to_string_lossy(),
+    ]);
+    assert!(loaded.contains(&tag), "podman load names {tag}:\n{loaded}");
     let build = t0.elapsed();
     cleanup.image = Some(tag.clone());
-    let image_id = out.lines().last().unwrap_or_default().trim().to_string();
-    assert_eq!(image_id.len(), 64, "the last line is the image ID:\n{out}");
 
     // 3. Its configuration is the Dockerfile's runtime stage.
     let inspect: Value = serde_json::from_str(&podman.ok(&["image", "inspect", &tag]))
         .expect("podman image inspect JSON");
     let image = &inspect[0];
+    // The image that runs is the one whose digest the release's chart names.
+    assert_eq!(
+        image["Digest"].as_str(),
+        Some(release.str(&["image", "digest"])),
+        "the loaded image's manifest digest"
+    );
     let (entrypoint, user, port) = dockerfile_runtime_stage();
     let config = &image["Config"];
     assert_eq!(config["Entrypoint"], serde_json::json!(entrypoint));
@@ -361,7 +349,7 @@ async fn image_built_here_runs_as_the_manifests_run_it() {
     );
     let size = image["Size"].as_u64().expect("image size");
     eprintln!(
-        "image {tag}: {:.1} MB ({size} bytes); release build {:.1}s, image build {:.1}s",
+        "image {tag}: {:.1} MB ({size} bytes); make release {:.1}s, podman load {:.1}s",
         size as f64 / 1e6,
         release_build.as_secs_f64(),
         build.as_secs_f64()
@@ -713,4 +701,304 @@ async fn image_built_here_runs_as_the_manifests_run_it() {
     let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
     drop(mock);
     drop(cleanup);
+}
+
+/// `make release`'s artifacts agree with the source and with each other: the checksums; the
+/// binary's version (Cargo.toml's, with the commit); the image's digest, labels and
+/// configuration (the Dockerfile's last stage); the SBOM (the crates of Cargo.lock the binary
+/// is built from, and the image's Debian packages); the chart (its versions and the image's
+/// digest). Needs buildah and the Go test tools (helm), no control plane.
+#[test]
+fn release_artifacts_agree_with_the_source_and_with_each_other() {
+    tool("buildah", IMAGE_TOOLS);
+    let release = release::release();
+    let version = release.str(&["version"]).to_string();
+
+    // Every file is listed in SHA256SUMS and matches it; LICENSE and CHANGELOG are the tree's.
+    let (ok, out, err) = run(Command::new("sha256sum")
+        .args(["--check", "--strict", "SHA256SUMS"])
+        .current_dir(&release.dir));
+    assert!(
+        ok,
+        "sha256sum --check in {}:\n{out}{err}",
+        release.dir.display()
+    );
+    let listed: BTreeSet<&str> = out.lines().filter_map(|l| l.strip_suffix(": OK")).collect();
+    let archive = release.str(&["image", "archive"]).to_string();
+    for name in [
+        release.str(&["binary"]),
+        release.str(&["sbom"]),
+        release.str(&["chart"]),
+        archive.as_str(),
+        "LICENSE",
+        "CHANGELOG.md",
+        "release.json",
+    ] {
+        assert!(listed.contains(name), "SHA256SUMS lists {name}: {listed:?}");
+    }
+    for name in ["LICENSE", "CHANGELOG.md"] {
+        let read =
+            |p: PathBuf| std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(
+            read(release.dir.join(name)) == read(repo().join(name)),
+            "{name}"
+        );
+    }
+
+    // The version: what the binary prints, Cargo.toml's, built from the checked-out commit.
+    let binary = release.file("binary");
+    let (ok, out, _) = run(Command::new(&binary).arg("--version"));
+    assert!(ok);
+    assert_eq!(out, format!("{} v{version}\n", binary.display()));
+    let package = env!("CARGO_PKG_VERSION");
+    assert!(
+        version == package || version.starts_with(&format!("{package}+")),
+        "{version} is Cargo.toml's {package} with build metadata"
+    );
+    let git = |args: &[&str]| {
+        let (ok, out, err) = run(Command::new("git")
+            .env("TZ", "UTC")
+            .arg("-C")
+            .arg(repo())
+            .args(args));
+        assert!(ok, "git {args:?}: {err}");
+        out.trim().to_string()
+    };
+    let head = git(&["rev-parse", "HEAD"]);
+    assert_eq!(release.str(&["revision"]), head);
+
+    check_release_image(release, &version, &head, &git);
+    check_release_sbom(release, &version);
+    check_release_chart(release, &version);
+}
+
+/// The release's image: its manifest digest, its OCI labels, its configuration (the Dockerfile's
+/// last stage) and the binary in it (the released one).
+fn check_release_image(
+    release: &release::Release,
+    version: &str,
+    head: &str,
+    git: &dyn Fn(&[&str]) -> String,
+) {
+    let image = release::unpacked_image();
+    assert_eq!(image.digest, release.str(&["image", "digest"]));
+    let labels = &image.config["Labels"];
+    let created = git(&[
+        "log",
+        "-1",
+        "--date=format-local:%Y-%m-%dT%H:%M:%SZ",
+        "--format=%cd",
+    ]);
+    for (key, want) in [
+        ("title", "attacher-hub"),
+        ("version", version),
+        ("revision", head),
+        ("licenses", env!("CARGO_PKG_LICENSE")),
+        ("created", &created),
+    ] {
+        let key = format!("org.opencontainers.image.{key}");
+        assert_eq!(labels[&key].as_str(), Some(want), "label {key}: {labels}");
+    }
+    assert!(
+        labels["org.opencontainers.image.description"].is_string(),
+        "{labels}"
+    );
+    // Where the source is: IMAGE_SOURCE, else the git remote origin; no label without either.
+    let source = std::env::var("IMAGE_SOURCE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            let (ok, out, _) = run(Command::new("git")
+                .arg("-C")
+                .arg(repo())
+                .args(["remote", "get-url", "origin"]));
+            ok.then(|| out.trim().to_string())
+        });
+    assert_eq!(
+        labels["org.opencontainers.image.source"].as_str(),
+        source.as_deref(),
+        "{labels}"
+    );
+    assert_eq!(&release.record["image"]["labels"], labels);
+    let (entrypoint, user, port) = dockerfile_runtime_stage();
+    assert_eq!(image.config["Entrypoint"], serde_json::json!(entrypoint));
+    assert_eq!(image.config["User"], user);
+    assert!(image.config["ExposedPorts"].get(&port).is_some());
+    let in_image = image.root.join(entrypoint[0].trim_start_matches('/'));
+    let released = release.file("binary");
+    let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    assert!(
+        read(&in_image) == read(&released),
+        "the image's {} is the released binary",
+        entrypoint[0]
+    );
+}
+
+/// The SBOM lists exactly the crates of Cargo.lock that the binary is built from (its normal
+/// and build dependencies, all the way down, for the target it names) and the Debian packages
+/// whose files the image holds.
+fn check_release_sbom(release: &release::Release, version: &str) {
+    let text = std::fs::read_to_string(release.file("sbom")).expect("the SBOM");
+    let sbom: Value = serde_json::from_str(&text).expect("the SBOM is JSON");
+    assert_eq!(sbom["bomFormat"], "CycloneDX");
+    assert_eq!(sbom["metadata"]["component"]["name"], "attacher-hub");
+    assert_eq!(sbom["metadata"]["component"]["version"], version);
+    let components = sbom["components"].as_array().expect("components");
+    let purls: Vec<&str> = components
+        .iter()
+        .filter_map(|c| c["purl"].as_str())
+        .collect();
+    let crates: BTreeSet<(String, String)> = components
+        .iter()
+        .filter(|c| {
+            c["purl"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("pkg:cargo/"))
+        })
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_string(),
+                c["version"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let target = sbom["metadata"]["properties"]
+        .as_array()
+        .and_then(|p| {
+            p.iter()
+                .find(|p| p["name"] == "cdx:rustc:sbom:target:triple")
+        })
+        .and_then(|p| p["value"].as_str())
+        .expect("the SBOM names its target");
+    let lock = cargo_lock_packages();
+    for c in &crates {
+        assert!(lock.contains(c), "{c:?} of the SBOM is not in Cargo.lock");
+    }
+    let built_from = dependencies_of_the_binary(target);
+    assert_eq!(
+        crates.difference(&built_from).collect::<Vec<_>>(),
+        Vec::<&(String, String)>::new(),
+        "crates in the SBOM that the binary is not built from"
+    );
+    assert_eq!(
+        built_from.difference(&crates).collect::<Vec<_>>(),
+        Vec::<&(String, String)>::new(),
+        "crates the binary is built from that the SBOM leaves out"
+    );
+    for package in ["libc6", "libgcc-s1", "ca-certificates"] {
+        let (ok, out, _) = run(Command::new("dpkg-query").args(["-W", "-f=${Version}", package]));
+        assert!(ok, "dpkg-query {package}");
+        assert!(
+            purls
+                .iter()
+                .any(|p| p.starts_with(&format!("pkg:deb/debian/{package}@{out}?"))),
+            "the SBOM lists {package} {out}: {purls:?}"
+        );
+    }
+}
+
+/// Every (name, version) of Cargo.lock.
+fn cargo_lock_packages() -> BTreeSet<(String, String)> {
+    let text = std::fs::read_to_string(repo().join("Cargo.lock")).expect("Cargo.lock");
+    let mut packages = BTreeSet::new();
+    for block in text.split("[[package]]").skip(1) {
+        let field = |key: &str| {
+            block.lines().find_map(|l| {
+                l.strip_prefix(&format!("{key} = \""))
+                    .and_then(|v| v.strip_suffix('"'))
+                    .map(str::to_string)
+            })
+        };
+        if let (Some(name), Some(version)) = (field("name"), field("version")) {
+            packages.insert((name, version));
+        }
+    }
+    packages
+}
+
+/// The packages attacher-hub is built from for `target`: its normal and build dependencies
+/// and theirs, all the way down (`cargo metadata`'s resolve graph), itself left out.
+fn dependencies_of_the_binary(target: &str) -> BTreeSet<(String, String)> {
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args([
+        "metadata",
+        "--format-version=1",
+        "--locked",
+        "--offline",
+        "--filter-platform",
+        target,
+    ])
+    .current_dir(repo());
+    support::without_cargo_test_env(&mut cmd);
+    let (ok, out, err) = run(&mut cmd);
+    assert!(ok, "cargo metadata: {err}");
+    let metadata: Value = serde_json::from_str(&out).expect("cargo metadata JSON");
+    let nodes = metadata["resolve"]["nodes"]
+        .as_array()
+        .expect("resolve nodes");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let root = packages
+        .iter()
+        .find(|p| p["name"] == "attacher-hub")
+        .and_then(|p| p["id"].as_str())
+        .expect("attacher-hub's package id");
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let mut todo = vec![root];
+    while let Some(id) = todo.pop() {
+        let node = nodes
+            .iter()
+            .find(|n| n["id"] == id)
+            .expect("a resolve node");
+        for dep in node["deps"].as_array().into_iter().flatten() {
+            let built = dep["dep_kinds"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|k| k["kind"].is_null() || k["kind"] == "build");
+            let pkg = dep["pkg"].as_str().expect("a dependency's id");
+            if built && seen.insert(pkg) {
+                todo.push(pkg);
+            }
+        }
+    }
+    packages
+        .iter()
+        .filter(|p| p["id"].as_str().is_some_and(|id| seen.contains(id)))
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or_default().to_string(),
+                p["version"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The chart: packaged with the release's version as its version and appVersion, and its image
+/// named by the image's digest when rendered.
+fn check_release_chart(release: &release::Release, version: &str) {
+    let chart = release.file("chart");
+    let member = |name: &str| {
+        let (ok, out, err) = run(Command::new("tar")
+            .arg("-xzOf")
+            .arg(&chart)
+            .arg(format!("attacher-hub/{name}")));
+        assert!(ok, "{name} in {}: {err}", chart.display());
+        serde_saphyr::from_str::<Value>(&out).expect("YAML")
+    };
+    let chart_yaml = member("Chart.yaml");
+    assert_eq!(chart_yaml["version"], version);
+    assert_eq!(chart_yaml["appVersion"], version);
+    let digest = release.str(&["image", "digest"]);
+    assert_eq!(member("values.yaml")["image"]["digest"], digest);
+    let helm = support::testbin(support::testbins(), "helm");
+    let (ok, out, err) = run(Command::new(helm)
+        .args(["template", "attacher-hub"])
+        .arg(&chart)
+        .args(["--namespace", "attacher-hub"]));
+    assert!(ok, "helm template {}: {err}", chart.display());
+    let image = format!("image: registry.example.com/attacher-hub@{digest}");
+    assert!(
+        out.contains(&image),
+        "the rendered chart runs {image}:\n{out}"
+    );
 }

@@ -4,9 +4,9 @@
 //! built from this repository or from the pinned Go modules, laid out as the real image lays
 //! it out:
 //!
-//! * attacher-hub's image (any repository ending in `/attacher-hub`): the release binary at the
-//!   path, user and entrypoint the Dockerfile's final stage gives (read from the Dockerfile, so
-//!   that the runner follows it when it changes);
+//! * attacher-hub's image (any repository ending in `/attacher-hub`): the image `make release`
+//!   builds (`scripts/release.sh`, reused when up to date), unpacked from its OCI archive: its
+//!   binary at its path, run with its configuration's user and entrypoint;
 //! * the placeholder controller plugins of `deploy/overlays/hub`
 //!   (`registry.example.com/<name>-csi-driver`): the project's mock CSI driver, serving the
 //!   driver name the table below gives for it, with volumes `vol-0` to `vol-9999`, not listing
@@ -21,7 +21,10 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::support::{Cluster, mock_csi_driver_bin, repo};
+use crate::support::{Cluster, mock_csi_driver_bin};
+
+#[path = "../support/release.rs"]
+mod release;
 
 /// What runs for one image: the files the image holds, its user and its entrypoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,94 +107,61 @@ pub(crate) fn resolve(image: &str) -> Result<Image, String> {
     }
 }
 
-/// attacher-hub's image: the release binary where the Dockerfile puts it.
+/// attacher-hub's image: the one `make release` built, its entrypoint's file taken from its
+/// root filesystem, its user, entrypoint and command from its configuration.
 fn attacher_hub() -> &'static Image {
     static IMAGE: OnceLock<Image> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
-        let mut image = from_dockerfile(&dockerfile).unwrap_or_else(|e| panic!("Dockerfile: {e}"));
-        image.files = vec![(release_binary(), image.files[0].1.clone())];
-        image
+        let unpacked = release::unpacked_image();
+        from_config(&unpacked.config, &unpacked.root)
+            .unwrap_or_else(|e| panic!("the release image's configuration: {e}"))
     })
 }
 
-/// The final stage of a Dockerfile: the binary it copies from the builder, `USER`,
-/// `ENTRYPOINT` and `CMD` (exec form). The host file of the binary is left empty.
-pub(crate) fn from_dockerfile(text: &str) -> Result<Image, String> {
-    let joined = text.replace("\\\n", " ");
-    let last_stage: Vec<&str> = joined
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .collect::<Vec<_>>()
-        .rsplit(|l| l.to_ascii_uppercase().starts_with("FROM "))
-        .next()
-        .map(<[&str]>::to_vec)
-        .unwrap_or_default();
-    let args = |keyword: &str| {
-        last_stage.iter().rev().find_map(|l| {
-            let (k, rest) = l.split_once(char::is_whitespace)?;
-            k.eq_ignore_ascii_case(keyword).then(|| rest.trim())
-        })
+/// What runs for an image of configuration `config` (the OCI image configuration's `config`)
+/// whose root filesystem is at `root`: the entrypoint's file, the user, entrypoint and command.
+pub(crate) fn from_config(
+    config: &serde_json::Value,
+    root: &std::path::Path,
+) -> Result<Image, String> {
+    let strings = |key: &str| -> Vec<String> {
+        config[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
     };
-    let exec_form = |rest: &str| -> Result<Vec<String>, String> {
-        serde_json::from_str(rest).map_err(|e| format!("not an exec form ({e}): {rest}"))
-    };
-    let copy = args("COPY").ok_or("the final stage copies no binary")?;
-    let target = copy
-        .split_whitespace()
-        .last()
-        .ok_or("COPY without a target")?;
-    let user = match args("USER") {
+    let entrypoint = strings("Entrypoint");
+    let program = entrypoint.first().ok_or("no Entrypoint")?.clone();
+    let user = match config["User"].as_str().filter(|u| !u.is_empty()) {
         None => None,
         Some(u) => {
             let (uid, gid) = u.split_once(':').unwrap_or((u, u));
             Some((
-                uid.parse().map_err(|_| format!("USER {u}: not numeric"))?,
-                gid.parse().map_err(|_| format!("USER {u}: not numeric"))?,
+                uid.parse().map_err(|_| format!("User {u}: not numeric"))?,
+                gid.parse().map_err(|_| format!("User {u}: not numeric"))?,
             ))
         }
     };
+    let file = root.join(program.trim_start_matches('/'));
+    if !file.is_file() {
+        return Err(format!("the entrypoint {program} is not in the image"));
+    }
     Ok(Image {
-        files: vec![(PathBuf::new(), target.to_string())],
+        files: vec![(file, program)],
         user,
-        entrypoint: args("ENTRYPOINT")
-            .map(exec_form)
-            .transpose()?
-            .unwrap_or_default(),
-        cmd: args("CMD").map(exec_form).transpose()?.unwrap_or_default(),
+        entrypoint,
+        cmd: strings("Cmd"),
     })
 }
 
-/// `target/release/attacher-hub`, built (or found up to date) once per test binary with the
-/// command CI and the Dockerfile use.
+/// attacher-hub's binary as the release image holds it: `make release` run (or found up to
+/// date) and its image unpacked, once per test binary.
 pub(crate) fn release_binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = std::process::Command::new(cargo);
-        build
-            .args(["build", "--release", "--locked", "--bin", "attacher-hub"])
-            .current_dir(repo());
-        crate::support::without_cargo_test_env(&mut build);
-        let status = build.status().expect("run cargo build --release");
-        assert!(status.success(), "cargo build --release failed");
-        crate::support::target_dir().join("release/attacher-hub")
-    })
-    .clone()
-}
-
-#[test]
-fn the_final_stage_of_the_dockerfile_gives_path_user_and_entrypoint() {
-    let text = "FROM rust AS builder\nUSER 1\nCOPY . .\nENTRYPOINT [\"/x\"]\n\
-                FROM base:nonroot\nCOPY --from=builder /src/target/release/a \\\n  /a\n\
-                USER 65532:65533\nEXPOSE 8080\nENTRYPOINT [\"/a\", \"--flag\"]\n";
-    let image = from_dockerfile(text).expect("parsed");
-    assert_eq!(image.files[0].1, "/a");
-    assert_eq!(image.user, Some((65532, 65533)));
-    assert_eq!(image.entrypoint, ["/a", "--flag"]);
-    assert!(image.cmd.is_empty());
-    assert!(from_dockerfile("FROM x\nENTRYPOINT /a\nCOPY a /a\n").is_err());
+    attacher_hub().files[0].0.clone()
 }
 
 #[test]
@@ -206,4 +176,27 @@ fn repositories_lose_their_tag_but_keep_a_registry_port() {
         "localhost:5000/a/b"
     );
     assert!(resolve("registry.example.com/unknown:1").is_err());
+}
+
+#[test]
+fn an_image_configuration_gives_its_file_user_entrypoint_and_command() {
+    let root = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(root.path().join("a"), b"").expect("the entrypoint's file");
+    let config = serde_json::json!({
+        "User": "65532:65533",
+        "Entrypoint": ["/a", "--flag"],
+        "Cmd": ["x"],
+    });
+    let image = from_config(&config, root.path()).expect("valid");
+    assert_eq!(image.files, vec![(root.path().join("a"), "/a".to_string())]);
+    assert_eq!(image.user, Some((65532, 65533)));
+    assert_eq!(image.entrypoint, ["/a", "--flag"]);
+    assert_eq!(image.cmd, ["x"]);
+    let root_user = serde_json::json!({"Entrypoint": ["/a"]});
+    assert_eq!(
+        from_config(&root_user, root.path()).expect("valid").user,
+        None
+    );
+    let missing = serde_json::json!({"Entrypoint": ["/b"]});
+    assert!(from_config(&missing, root.path()).is_err());
 }

@@ -74,7 +74,8 @@ const USAGE: &str = "Usage of ";
 
 #[test]
 fn exit_codes_and_output_match_external_attacher() {
-    let version = format!(" v{}\n", env!("CARGO_PKG_VERSION"));
+    // Cargo.toml's version, then the build metadata git gives (build.rs), if any.
+    let version = format!(" v{}", env!("CARGO_PKG_VERSION"));
     let cases = [
         case(&["--help"], 0, "", USAGE),
         case(&["-help"], 0, "", USAGE),
@@ -157,6 +158,19 @@ fn exit_codes_and_output_match_external_attacher() {
             "",
             "--kube-api-qps must be at most 1000000, not inf",
         ),
+        // A per-driver pause of zero, refused as in drivers.yaml (rules.rs); Go accepts it.
+        case(
+            &["--timeout=0"],
+            1,
+            "",
+            "--timeout must be greater than zero, not 0s",
+        ),
+        case(
+            &["--retry-interval-start=-1s"],
+            1,
+            "",
+            "--retry-interval-start must be greater than zero, not 0s",
+        ),
         // Beyond Go's own range: Go's parse error.
         case(
             &["--worker-threads=18446744073709551616"],
@@ -188,7 +202,13 @@ fn exit_codes_and_output_match_external_attacher() {
             case.args
         );
         if case.args[0].ends_with("version") {
-            assert!(stdout.ends_with(&version), "{:?}: {stdout:?}", case.args);
+            let line = stdout.strip_suffix('\n').expect("one line");
+            let (before, metadata) = line.split_once('+').unwrap_or((line, ""));
+            assert!(before.ends_with(&version), "{:?}: {stdout:?}", case.args);
+            assert!(
+                metadata.is_empty() || metadata.contains(".g") || metadata.starts_with('g'),
+                "the commit in the build metadata: {stdout:?}"
+            );
             assert!(
                 stdout.starts_with(env!("CARGO_BIN_EXE_attacher-hub")),
                 "argv[0] first: {stdout:?}"
@@ -248,7 +268,7 @@ fn usage_lists_every_external_attacher_flag() {
 /// legacy klog flags produce a warning.
 #[test]
 fn manifest_argument_lists_start_the_binary() {
-    let manifests: [&[&str]; 3] = [
+    let manifests: [&[&str]; 4] = [
         // external-attacher's example Deployment, $(ADDRESS) substituted.
         &[
             "--v=5",
@@ -263,6 +283,12 @@ fn manifest_argument_lists_start_the_binary() {
             "--leader-election=true",
             "--retry-interval-start=500ms",
             "--logtostderr",
+        ],
+        // A retry maximum below its start (Go accepts it; every retry waits the maximum).
+        &[
+            "--csi-address=/csi/csi.sock",
+            "--retry-interval-start=10s",
+            "--retry-interval-max=1s",
         ],
         // A v4.12 manifest.
         &[

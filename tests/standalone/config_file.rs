@@ -10,12 +10,21 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(20);
 /// Runs the binary with `--config <file holding text>` and a kubeconfig that does not exist,
 /// so that getting as far as the cluster would fail differently (exit 1, another message).
 fn run_with_config(text: impl AsRef<[u8]>) -> (tempfile::TempDir, String, Output) {
+    run_with_config_and_flags(text, &[])
+}
+
+/// [`run_with_config`] with more flags.
+fn run_with_config_and_flags(
+    text: impl AsRef<[u8]>,
+    flags: &[&str],
+) -> (tempfile::TempDir, String, Output) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("drivers.yaml");
     std::fs::write(&path, text).expect("writing the driver list");
     let path = path.display().to_string();
     let mut child = Command::new(env!("CARGO_BIN_EXE_attacher-hub"))
         .args(["--config", &path, "--kubeconfig", "/nonexistent/kubeconfig"])
+        .args(flags)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -166,4 +175,56 @@ fn the_example_file_gets_past_loading_to_the_kubeconfig() {
         stderr.contains("/nonexistent/kubeconfig"),
         "stderr:\n{stderr}"
     );
+}
+
+/// One rule per setting for the flags and the file. The flags' retry pair with the maximum
+/// below the start (external-attacher accepts it: every retry waits the maximum) used to fail
+/// every entry that set neither field, blamed on the entry.
+#[test]
+fn the_flags_retry_pair_below_its_start_is_accepted_for_every_entry() {
+    let flags = ["--retry-interval-start=10s", "--retry-interval-max=1s"];
+    let text = "drivers:\n  - address: /csi/a.sock\n  - address: /csi/b.sock\n    retryIntervalStart: 30s\n";
+    let (_dir, _path, out) = run_with_config_and_flags(text, &flags);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Exit 1 for the missing kubeconfig: the file was accepted with the flags.
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("/nonexistent/kubeconfig"),
+        "stderr:\n{stderr}"
+    );
+}
+
+/// The same rule refuses a zero pause from either place, naming the place that set it: the flag,
+/// or file:line:column and the field.
+#[test]
+fn a_zero_pause_is_refused_naming_the_flag_or_the_field_that_set_it() {
+    let text = "drivers:\n  - address: /csi/a.sock\n";
+    let (_dir, _path, out) = run_with_config_and_flags(text, &["--reconcile-sync=0s"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    let want = "--reconcile-sync must be greater than zero, not 0s";
+    assert!(stderr.contains(want), "want {want:?} in stderr:\n{stderr}");
+
+    let text = "drivers:\n  - address: /csi/a.sock\n    reconcileSync: 0s\n";
+    let (_dir, path, out) = run_with_config(text);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let want = format!("{path}:3:5: drivers[0].reconcileSync: must be greater than zero, not 0s");
+    assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
+}
+
+/// A leader-election timing the flags set, used by an entry that turns leader election on (the
+/// flags' own check runs only with --leader-election), is named by its flags at the field that
+/// turned it on.
+#[test]
+fn a_flag_value_an_entry_brings_into_use_is_named_by_its_flag() {
+    let text = "drivers:\n  - address: /csi/a.sock\n    leaderElection: true\n";
+    let flags = ["--leader-election-lease-duration=8s"];
+    let (_dir, path, out) = run_with_config_and_flags(text, &flags);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let want = format!(
+        "{path}:3:5: drivers[0].leaderElection: --leader-election-lease-duration (8s) must be greater than --leader-election-renew-deadline (10s)"
+    );
+    assert!(stderr.contains(&want), "want {want:?} in stderr:\n{stderr}");
 }
