@@ -145,6 +145,18 @@ def figures(report):
         if dup["hub"] and dup["go"]:
             rows.append(("duplicate ControllerPublish calls (a, b, c)", " / ".join(dup["hub"]),
                          " / ".join(dup["go"]), ""))
+        # Reports from before 2026-12-06 have no unpublish column: no row then.
+        if "ControllerUnpublish (dup.)" in col:
+            dup = {s: [] for s in ("hub", "go")}
+            for cid in ("a", "b", "c"):
+                for r in body:
+                    if r[0] == cid and (r[1].startswith("attacher-hub") or "external-attacher" in r[1]):
+                        m = re.search(r"\((\d+)\)", r[col["ControllerUnpublish (dup.)"]])
+                        if m:
+                            dup["hub" if r[1].startswith("attacher-hub") else "go"].append(m.group(1))
+            if dup["hub"] and dup["go"]:
+                rows.append(("duplicate ControllerUnpublish calls (a, b, c)", " / ".join(dup["hub"]),
+                             " / ".join(dup["go"]), ""))
 
     # The thresholds table: the writes per detached VA.
     for header, body in all_tables:

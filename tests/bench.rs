@@ -412,7 +412,7 @@ fn utc_now() -> String {
 fn progress(c: Contender, s: &scenario::Sample) -> String {
     let f = |v: Option<f64>| v.map_or("—".into(), |x| format!("{x:.2}"));
     format!(
-        "{c:?}: {} VAs, {} VA/s, p50 {} s, p99 {} s, detach {} s, CPU {:.2} s, peak {:.0} MiB, idle {:.0} MiB, watches {:.0}, publishes {} (dup {}){}",
+        "{c:?}: {} VAs, {} VA/s, p50 {} s, p99 {} s, detach {} s, CPU {:.2} s, peak {:.0} MiB, idle {:.0} MiB, watches {:.0}, publishes {} (dup {}), unpublishes {} (dup {}){}",
         s.vas,
         f(s.throughput),
         f(s.p50),
@@ -424,6 +424,8 @@ fn progress(c: Contender, s: &scenario::Sample) -> String {
         s.watches,
         s.publishes,
         s.duplicate_publishes,
+        s.unpublishes,
+        s.duplicate_unpublishes,
         s.incomplete
             .as_ref()
             .map_or(String::new(), |w| format!(" INCOMPLETE: {w}"))

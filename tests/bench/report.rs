@@ -63,6 +63,9 @@ pub(crate) struct Summary {
     pub(crate) publishes: f64,
     /// Most duplicates in any run.
     pub(crate) duplicates: usize,
+    pub(crate) unpublishes: f64,
+    /// Most duplicate unpublishes in any run.
+    pub(crate) unpublish_duplicates: usize,
     pub(crate) noisy_attached: Option<f64>,
     /// Runs that hit the time limit (their figures are lower bounds).
     pub(crate) incomplete: usize,
@@ -134,6 +137,12 @@ impl Summary {
             duplicates: samples
                 .iter()
                 .map(|s| s.duplicate_publishes)
+                .max()
+                .unwrap_or(0),
+            unpublishes: m(|s| s.unpublishes as f64),
+            unpublish_duplicates: samples
+                .iter()
+                .map(|s| s.duplicate_unpublishes)
                 .max()
                 .unwrap_or(0),
             noisy_attached: mo(|s| s.noisy_attached.map(|n| n as f64)),
@@ -397,6 +406,14 @@ pub(crate) fn checks(results: &[ConfigResult], ctx: &Context) -> Vec<Check> {
         threshold: "0".into(),
         pass: (!hub_runs.is_empty()).then_some(dups == 0),
     });
+    // Nor a ControllerUnpublish twice for one detach.
+    let dups: usize = hub_runs.iter().map(|s| s.duplicate_unpublishes).sum();
+    out.push(Check {
+        what: "all configs: duplicate ControllerUnpublish calls, hub".into(),
+        measured: format!("{dups} in {} runs", hub_runs.len()),
+        threshold: "0".into(),
+        pass: (!hub_runs.is_empty()).then_some(dups == 0),
+    });
     out
 }
 
@@ -531,8 +548,8 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
     );
     let _ = writeln!(
         md,
-        "| | contender | processes | VAs | VAs/s | p50 (s) | p99 (s) | detach (s) | CPU (s) | API server CPU (s) | peak RSS (MiB) | idle RSS (MiB) | watches | API conns | writes/s (% raw) | ControllerPublish (dup.) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| | contender | processes | VAs | VAs/s | p50 (s) | p99 (s) | detach (s) | CPU (s) | API server CPU (s) | peak RSS (MiB) | idle RSS (MiB) | watches | API conns | writes/s (% raw) | ControllerPublish (dup.) | ControllerUnpublish (dup.) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in results.iter().filter(|r| r.not_run.is_none()) {
         let fleet = r.summary(Contender::Fleet);
@@ -545,7 +562,7 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
             }
             let _ = writeln!(
                 md,
-                "| **{}** | {}{} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.1} | {:.1} | {:.0} | {:.0} ({:.0}) | {:.0} ({:.0} %) | {} |",
+                "| **{}** | {}{} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.1} | {:.1} | {:.0} | {:.0} ({:.0}) | {:.0} ({:.0} %) | {} | {:.0} ({}) |",
                 r.id,
                 c.label(r.spec.drivers),
                 if s.incomplete > 0 {
@@ -571,13 +588,15 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
                 s.idle_connections,
                 s.write_rate,
                 100.0 * s.write_rate / ctx.raw_writes.max(1e-9),
-                publish
+                publish,
+                s.unpublishes,
+                s.unpublish_duplicates
             );
         }
         if let (Some(f), Some(h)) = (&fleet, &hub) {
             let _ = writeln!(
                 md,
-                "| **{}** | hub / fleet | | | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | |",
+                "| **{}** | hub / fleet | | | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | | |",
                 r.id,
                 ratio(h.throughput, f.throughput),
                 ratio(h.p50, f.p50),

@@ -205,6 +205,11 @@ pub(crate) struct Sample {
     pub(crate) publishes: usize,
     /// Of those, calls beyond the first for the same volume and node.
     pub(crate) duplicate_publishes: usize,
+    /// ControllerUnpublishVolume calls answered OK for the workload's VAs.
+    pub(crate) unpublishes: usize,
+    /// Of those, calls beyond the first for the same volume and node (each VA is detached
+    /// once; a second successful call comes from a stale copy of a detached VA).
+    pub(crate) duplicate_unpublishes: usize,
     /// Noisy runs: the noisy driver's VAs attached when the quiet ones were done.
     pub(crate) noisy_attached: Option<usize>,
     /// Why the run did not complete (a timeout); its figures are lower bounds.
@@ -498,6 +503,15 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
         let distinct: BTreeSet<&(String, String)> = publishes.iter().collect();
         sample.publishes += publishes.len();
         sample.duplicate_publishes += publishes.len() - distinct.len();
+        let unpublishes: Vec<(String, String)> = calls
+            .iter()
+            .filter(|c| c.method == "ControllerUnpublishVolume" && c.code.as_deref() == Some("Ok"))
+            .filter(|c| !warm_volumes.contains(&(i, c.volume_id.as_str())))
+            .map(|c| (c.volume_id.clone(), c.node_id.clone()))
+            .collect();
+        let distinct: BTreeSet<&(String, String)> = unpublishes.iter().collect();
+        sample.unpublishes += unpublishes.len();
+        sample.duplicate_unpublishes += unpublishes.len() - distinct.len();
     }
     let lost = match contender {
         Contender::Fleet => GO_LEASE_LOST,
