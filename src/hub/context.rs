@@ -30,14 +30,13 @@ pub struct Context {
 impl Context {
     /// Whether start-up is over ([`super::startup`]).
     pub fn started(&self) -> bool {
-        self.startup
-            .check(self.first_reconcile.is_cancelled(), || {
-                self.registry
-                    .slots()
-                    .iter()
-                    .map(|d| (d.settings().address.to_string(), d.state()))
-                    .collect()
-            })
+        self.startup.check(self.first_reconcile.is_cancelled(), || {
+            self.registry
+                .slots()
+                .iter()
+                .map(|d| (d.settings().address.to_string(), d.state()))
+                .collect()
+        })
     }
 }
 

@@ -118,7 +118,12 @@ mod tests {
         caches.set_synced(false);
         assert!(status.ready().expect_err("unsynced").contains("not synced"));
         caches.set_synced(true);
-        assert!(status.ready().expect_err("no drivers yet").contains("starting"));
+        assert!(
+            status
+                .ready()
+                .expect_err("no drivers yet")
+                .contains("starting")
+        );
         hub.first_reconcile.cancel();
         // Its driver still connecting, a new replica could not take its Lease.
         assert!(status.ready().expect_err("connecting").contains("starting"));

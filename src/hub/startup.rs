@@ -117,14 +117,26 @@ mod tests {
         let cases = [
             (vec![], Duration::ZERO, true),
             (vec![State::Standby, State::Leading], Duration::ZERO, true),
-            (vec![failed.clone(), State::NoControllerService], Duration::ZERO, true),
-            (vec![State::Leading, State::Connecting], Duration::from_secs(5), false),
+            (
+                vec![failed.clone(), State::NoControllerService],
+                Duration::ZERO,
+                true,
+            ),
+            (
+                vec![State::Leading, State::Connecting],
+                Duration::from_secs(5),
+                false,
+            ),
             (vec![State::NotReady], Duration::from_secs(19), false),
             // A driver that never comes does not hold the replica back past the limit.
             (vec![State::Connecting], LIMIT, true),
         ];
         for (states, since, want) in cases {
-            assert_eq!(over(&states, since, LIMIT), want, "{states:?} after {since:?}");
+            assert_eq!(
+                over(&states, since, LIMIT),
+                want,
+                "{states:?} after {since:?}"
+            );
         }
     }
 
@@ -132,7 +144,10 @@ mod tests {
     async fn start_up_waits_for_the_configuration_then_latches() {
         let s = Startup::new();
         let states = |state: State| move || vec![("/csi/csi.sock".to_string(), state)];
-        assert!(!s.check(false, states(State::Leading)), "no configuration yet");
+        assert!(
+            !s.check(false, states(State::Leading)),
+            "no configuration yet"
+        );
         assert!(!s.check(true, states(State::Connecting)));
         assert!(s.check(true, states(State::Standby)));
         // Over for good: a driver that goes down later does not undo it.
