@@ -80,7 +80,7 @@ pub(crate) async fn balance_leases(
     while !hub.started() {
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(STARTUP_POLL) => {}
+            () = tokio::time::sleep(super::startup::POLL) => {}
         }
     }
     let mut tick = tokio::time::interval(balancer.config.retry_period);
@@ -299,10 +299,6 @@ type LeaseStream =
 
 /// How often a refused Lease watch is worth a warning (it retries every few seconds).
 const WATCH_LOG_EVERY: Duration = Duration::from_secs(30);
-
-/// How often the balancing task looks whether start-up is over, before its first round: a
-/// fraction of the time a driver takes to start, so that the presence follows at once.
-const STARTUP_POLL: Duration = Duration::from_millis(100);
 
 /// Logs a failure of one of the Lease watches (`what`) in `namespace`: a refusal (a missing
 /// grant, which only an operator can fix: until then a hand-over waits for the retry tick) as

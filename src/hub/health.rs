@@ -151,6 +151,23 @@ mod tests {
         assert_eq!(status.ready(), Ok(()));
     }
 
+    /// Start-up ends when every driver first started, even if nothing asks then: a driver
+    /// that goes down before the first probe must not find start-up going on.
+    #[tokio::test(start_paused = true)]
+    async fn start_up_is_followed_while_it_happens_not_only_when_asked() {
+        let caches = TestStores::new();
+        let (hub, driver) = hub_with_a_driver(&caches);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let follow = tokio::spawn(crate::hub::startup::follow(hub.clone(), stop.clone()));
+        hub.first_reconcile.cancel();
+        driver.set_state_for_test(crate::hub::driver::State::Leading);
+        tokio::time::sleep(crate::hub::startup::POLL * 2).await;
+        driver.set_state_for_test(crate::hub::driver::State::Connecting);
+        assert_eq!(status_of(&hub, false).ready(), Ok(()));
+        stop.cancel();
+        follow.await.expect("follow ends on stop");
+    }
+
     #[tokio::test]
     async fn leader_election_health_is_healthy_while_no_leader_stopped_renewing() {
         let api = FakeApi::default();

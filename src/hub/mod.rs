@@ -176,6 +176,13 @@ pub async fn run(
             ),
         );
     }
+    critical.own(
+        "the start-up watch",
+        Box::pin(
+            startup::follow(hub.clone(), http_stop.clone())
+                .instrument(tracing::debug_span!("startup")),
+        ),
+    );
     let gauges = gauges::Gauges::new(hub.clone());
     // The listener is up before leader election: standby replicas serve too.
     if let Some(h) = http_config {

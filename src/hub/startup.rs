@@ -17,6 +17,7 @@ use std::{
 };
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::driver::State;
 
@@ -95,6 +96,27 @@ impl Startup {
         }
         true
     }
+}
+
+/// How often [`follow`] looks at the drivers until start-up is over: a fraction of the time a
+/// driver takes to start.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// Follows start-up until it is over, then waits for `stop`. Start-up ends at the moment every
+/// driver has first finished starting, whatever they do later: it must be looked at while it
+/// happens, not only when readiness is asked (a probe that comes after a driver went down
+/// again would otherwise find start-up still going).
+pub async fn follow(hub: std::sync::Arc<super::context::Context>, stop: CancellationToken) {
+    loop {
+        if hub.started() {
+            break;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(POLL) => {}
+        }
+    }
+    stop.cancelled().await;
 }
 
 impl Default for Startup {
