@@ -60,6 +60,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// The PV the sync found missing from the cache, if that is why it failed.
+    pub fn missing_pv(&self) -> Option<&str> {
+        match self {
+            Self::Volume(super::error::Error::PvNotFound { name }) => Some(name),
+            _ => None,
+        }
+    }
+
     /// The gRPC code to save as `attachError.errorCode` (CSI errors only).
     pub fn grpc_code(&self) -> Option<i32> {
         match self {

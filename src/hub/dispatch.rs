@@ -72,6 +72,9 @@ impl Route for Dispatch {
     }
 
     fn pv_applied(&self, pv: &Pv) {
+        if let Some(name) = pv.metadata.name.as_deref() {
+            self.registry.each_slot(|driver| driver.on_pv_arrived(name));
+        }
         for sanitized in finalizer_holders(pv) {
             if let Some((name, driver)) = self.registry.by_sanitized(sanitized) {
                 driver.on_pv(&name, pv);

@@ -109,6 +109,14 @@ impl Registry {
     pub fn slots(&self) -> Vec<Arc<Driver>> {
         self.slots.read().clone()
     }
+
+    /// Calls `f` with each slot, without copying the list (for every watch event of a kind).
+    /// `f` must not block nor reach the registry again.
+    pub fn each_slot(&self, mut f: impl FnMut(&Arc<Driver>)) {
+        for d in self.slots.read().iter() {
+            f(d);
+        }
+    }
 }
 
 impl Names for Registry {

@@ -20,7 +20,10 @@ mod term;
 mod term_course;
 mod workers;
 
-use std::sync::Arc;
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use parking_lot::RwLock;
 use serde::Serialize;
@@ -111,7 +114,7 @@ struct LastError {
 }
 
 /// Which queue a VolumeAttachment key is in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Kind {
     Attach,
     Detach,
@@ -138,6 +141,11 @@ pub struct Driver {
     /// Keys being processed, so a VA moving from the attach to the detach
     /// queue is never worked on twice at once.
     busy: KeyLocks,
+    /// VAs whose last sync failed because their PV was not in the cache yet, by PV name, with
+    /// the queue they wait in. A VA's watch event can come before its PV's (two watches, one
+    /// per kind); the VA is queued again the moment the PV arrives rather than after its
+    /// backoff. Bounded by the VAs failing so; emptied as their PVs arrive or they go.
+    awaiting_pv: parking_lot::Mutex<HashMap<String, HashSet<(String, Kind)>>>,
     /// Attach and detach syncs in flight ([`Settings::csi_calls`] permits, shared by the two
     /// pools; tokio's semaphore serves waiters in order, so neither pool starves the other).
     csi_calls: tokio::sync::Semaphore,
@@ -177,6 +185,7 @@ impl Driver {
             handler: RwLock::new(None),
             connected: RwLock::new(None),
             busy: KeyLocks::default(),
+            awaiting_pv: parking_lot::Mutex::default(),
             csi_calls: tokio::sync::Semaphore::new(calls),
             info: RwLock::new(Info {
                 state: Some(State::Connecting),
@@ -371,8 +380,59 @@ impl Driver {
         to.add(name);
     }
 
+    /// A PV reached the cache (or changed): VAs whose sync found it missing are queued now.
+    pub fn on_pv_arrived(&self, pv: &str) {
+        let waiting = {
+            let mut awaiting = self.awaiting_pv.lock();
+            if awaiting.is_empty() {
+                return;
+            }
+            awaiting.remove(pv)
+        };
+        if self.handler().is_none() {
+            return;
+        }
+        for (va, kind) in waiting.into_iter().flatten() {
+            tracing::debug!(
+                va,
+                pv,
+                "the PersistentVolume arrived; syncing its VolumeAttachment"
+            );
+            self.queue_of(kind).add(va);
+        }
+    }
+
+    /// Remembers that the sync of VA `va` (in the `kind` queue) found PV `pv` missing.
+    fn await_pv(&self, pv: &str, va: &str, kind: Kind) {
+        self.awaiting_pv
+            .lock()
+            .entry(pv.to_owned())
+            .or_default()
+            .insert((va.to_owned(), kind));
+    }
+
+    /// The attach or detach queue.
+    fn queue_of(&self, kind: Kind) -> &Queue {
+        match kind {
+            Kind::Attach => &self.attach_queue,
+            Kind::Detach => &self.detach_queue,
+        }
+    }
+
     /// A VA of this driver is gone: its PV may lose our finalizer now.
     pub fn on_va_deleted(&self, va: &Va) {
+        if let (Some(pv), Some(name)) = (
+            va.spec.source.persistent_volume_name.as_deref(),
+            va.metadata.name.as_deref(),
+        ) {
+            let mut awaiting = self.awaiting_pv.lock();
+            if let Some(vas) = awaiting.get_mut(pv) {
+                vas.retain(|(v, _)| v != name);
+                if vas.is_empty() {
+                    awaiting.remove(pv);
+                }
+            }
+        }
         // Forgotten by the connection's handler whether or not this replica leads.
         let connected = self.connected.read().clone();
         if let (Some(handler), Some(name)) = (connected, va.metadata.name.as_deref()) {

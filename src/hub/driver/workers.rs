@@ -240,6 +240,14 @@ impl Driver {
                 self.record_error(Some(key), format!("{key}: {error}"));
                 shared.metrics.count_retry(&driver, queue.name());
                 queue.add_rate_limited(key);
+                // Or at once, should the PV reach the cache before the backoff ends (and not
+                // already have, between the sync's read and now).
+                if let Some(pv) = error.missing_pv() {
+                    self.await_pv(pv, key, kind);
+                    if shared.stores.pv(pv).is_some() {
+                        self.on_pv_arrived(pv);
+                    }
+                }
             }
         }
     }
@@ -455,6 +463,51 @@ mod tests {
         eventually("the error to clear", || last_error().is_none()).await;
         assert!(driver.describe()["lastErrorTime"].is_null());
         assert_eq!(csi.calls_of("ControllerPublishVolume").len(), 1);
+        driver.stop_workers(workers).await;
+    }
+
+    /// The VA's watch event can come before its PV's: the sync fails ("persistentvolume ...
+    /// not found", saved as Go saves it), and the VA is synced again the moment the PV reaches
+    /// the cache, not a backoff later (here a minute, longer than the test waits).
+    #[tokio::test]
+    async fn a_va_whose_pv_was_not_cached_yet_attaches_as_soon_as_the_pv_arrives() {
+        let api = FakeApi::default();
+        let mut caches = TestStores::new();
+        let hub = context(&api, caches.stores.clone());
+        let csi = FakeCsi::new(DRIVER);
+        let mut args = Args::default();
+        args.retry_interval_start = Duration::from_secs(60);
+        args.retry_interval_max = Duration::from_secs(60);
+        let (driver, handler) = rig_with(&api, &mut caches, &csi, true, &args).await;
+        let mut early = va(Some("pv2"));
+        early.metadata.uid = Some("uid-2".into());
+        early.metadata.creation_timestamp = Some(now());
+        let early = api.put(&early);
+        caches.apply_va(&early);
+        let workers = driver.clone().start_workers(&hub.shared, &handler);
+        driver.on_va(None, &lean_va(&early));
+        let attach_error = || {
+            api.get::<VolumeAttachment>(None, "va")
+                .and_then(|v| v.status)
+                .and_then(|s| s.attach_error)
+                .and_then(|e| e.message)
+        };
+        eventually("the attach error", || attach_error().is_some()).await;
+        assert_eq!(
+            attach_error().as_deref(),
+            Some("persistentvolume \"pv2\" not found")
+        );
+        let pv = api.put(&pv("pv2", csi_spec(&["ReadWriteOnce"])));
+        caches.apply_pv(&pv);
+        driver.on_pv_arrived("pv2");
+        eventually("the attach once the PV arrived", || {
+            api.get::<VolumeAttachment>(None, "va")
+                .and_then(|v| v.status)
+                .is_some_and(|s| s.attached)
+        })
+        .await;
+        assert_eq!(csi.calls_of("ControllerPublishVolume").len(), 1);
+        assert!(driver.awaiting_pv.lock().is_empty(), "nothing left waiting");
         driver.stop_workers(workers).await;
     }
 
