@@ -475,9 +475,11 @@ mod tests {
         let mut caches = TestStores::new();
         let hub = context(&api, caches.stores.clone());
         let csi = FakeCsi::new(DRIVER);
-        let mut args = Args::default();
-        args.retry_interval_start = Duration::from_secs(60);
-        args.retry_interval_max = Duration::from_secs(60);
+        let args = Args {
+            retry_interval_start: Duration::from_secs(60),
+            retry_interval_max: Duration::from_secs(60),
+            ..Args::default()
+        };
         let (driver, handler) = rig_with(&api, &mut caches, &csi, true, &args).await;
         let mut early = va(Some("pv2"));
         early.metadata.uid = Some("uid-2".into());
