@@ -36,9 +36,8 @@
 //	detach, volume missing / not attached    InvalidVolume.NotFound / IncorrectState / InvalidAttachment.NotFound,
 //	                                         which the driver's cloud turns into cloud.ErrNotFound (success)
 //
-// A request ID in an error is derived from the operation, the volume, the
-// instance and the code, so the same refusal reads the same in every run (a
-// real EC2 draws a new one per request; tests compare error texts).
+// Every refusal carries a fresh request ID, as EC2's do, so the same refusal
+// reads differently each time; tests that compare error texts replace the ID.
 //
 // Node IDs are EC2 instance IDs (i-...), volume IDs EC2 volume IDs (vol-...);
 // tests choose them. The program prints "http <address>" and then "ready" on
@@ -47,7 +46,7 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
+	crand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -312,10 +311,14 @@ func newFakeEC2(region, zone string, zones []string, instanceType string, latenc
 }
 
 // ec2Error is an EC2 API error as the AWS SDK hands it to the driver: an
-// operation error around an HTTP 400 response error around the API error.
-func ec2Error(operation, volumeID, instanceID, code, message string) error {
-	sum := sha256.Sum256([]byte(strings.Join([]string{operation, volumeID, instanceID, code}, "/")))
-	h := hex.EncodeToString(sum[:16])
+// operation error around an HTTP 400 response error around the API error,
+// with a request ID of its own (a random UUID, the form of EC2's).
+func ec2Error(operation, code, message string) error {
+	var id [16]byte
+	_, _ = crand.Read(id[:])
+	id[6] = id[6]&0x0f | 0x40 // version 4
+	id[8] = id[8]&0x3f | 0x80 // RFC 4122 variant
+	h := hex.EncodeToString(id[:])
 	requestID := h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
 	return &smithy.OperationError{
 		ServiceID:     "EC2",
@@ -381,7 +384,7 @@ func (e *fakeEC2) createVolumeLocked(s volumeSpec) error {
 		s.SizeGiB = 10
 	}
 	if s.MultiAttach && s.Type != "io2" && s.Type != "io1" {
-		return ec2Error("CreateVolume", s.ID, "", "InvalidParameterCombination",
+		return ec2Error("CreateVolume", "InvalidParameterCombination",
 			fmt.Sprintf("Multi-Attach is not supported for volume type %s.", s.Type))
 	}
 	tags := map[string]string{}
@@ -401,10 +404,10 @@ func (e *fakeEC2) deleteVolume(id string) error {
 	defer e.mu.Unlock()
 	v, ok := e.volumes[id]
 	if !ok {
-		return ec2Error("DeleteVolume", id, "", "InvalidVolume.NotFound", fmt.Sprintf("The volume '%s' does not exist.", id))
+		return ec2Error("DeleteVolume", "InvalidVolume.NotFound", fmt.Sprintf("The volume '%s' does not exist.", id))
 	}
 	if len(v.attachments) > 0 {
-		return ec2Error("DeleteVolume", id, "", "VolumeInUse", fmt.Sprintf("Volume %s is currently attached to %s", id, strings.Join(v.instanceIDs(), ", ")))
+		return ec2Error("DeleteVolume", "VolumeInUse", fmt.Sprintf("Volume %s is currently attached to %s", id, strings.Join(v.instanceIDs(), ", ")))
 	}
 	delete(e.volumes, id)
 	return nil
@@ -528,7 +531,7 @@ func (e *fakeEC2) ec2DescribeInstance(id string) (*types.Instance, error) {
 	defer e.mu.Unlock()
 	inst, ok := e.instances[id]
 	if !ok {
-		return nil, ec2Error("DescribeInstances", "", id, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id))
+		return nil, ec2Error("DescribeInstances", "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id))
 	}
 	return e.describeLocked(inst), nil
 }
@@ -539,7 +542,7 @@ func (e *fakeEC2) ec2AttachVolume(volumeID, instanceID, device string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	refuse := func(code, message string) error {
-		return ec2Error("AttachVolume", volumeID, instanceID, code, message)
+		return ec2Error("AttachVolume", code, message)
 	}
 	v, ok := e.volumes[volumeID]
 	if !ok {
@@ -583,7 +586,7 @@ func (e *fakeEC2) ec2DetachVolume(volumeID, instanceID string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	refuse := func(code, message string) error {
-		return ec2Error("DetachVolume", volumeID, instanceID, code, message)
+		return ec2Error("DetachVolume", code, message)
 	}
 	v, ok := e.volumes[volumeID]
 	if !ok {
@@ -631,7 +634,7 @@ func (e *fakeEC2) attachmentState(volumeID, instanceID string) (types.VolumeAtta
 	defer e.mu.Unlock()
 	v, ok := e.volumes[volumeID]
 	if !ok {
-		return "", "", ec2Error("DescribeVolumes", volumeID, "", "InvalidVolume.NotFound", fmt.Sprintf("The volume '%s' does not exist.", volumeID))
+		return "", "", ec2Error("DescribeVolumes", "InvalidVolume.NotFound", fmt.Sprintf("The volume '%s' does not exist.", volumeID))
 	}
 	if a, ok := v.attachments[instanceID]; ok {
 		return a.state, a.device, nil
@@ -1121,7 +1124,7 @@ func (e *fakeEC2) attachAtOnce(volumeID, instanceID string) error {
 	}
 	dev.Release(true)
 	if dev.IsAlreadyAssigned {
-		return ec2Error("AttachVolume", volumeID, instanceID, "VolumeInUse", fmt.Sprintf("%s is already attached to an instance", volumeID))
+		return ec2Error("AttachVolume", "VolumeInUse", fmt.Sprintf("%s is already attached to an instance", volumeID))
 	}
 	if err := e.ec2AttachVolume(volumeID, instanceID, dev.Path); err != nil {
 		return err
