@@ -17,6 +17,7 @@ mod infra;
 mod controller_manager;
 mod differential;
 mod discovery_migration;
+mod ebs_differential;
 mod leader_election;
 mod lease_guard;
 mod lease_interop;
