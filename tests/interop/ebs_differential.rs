@@ -993,12 +993,13 @@ async fn run_scenario(
         Then::TerminateInstance => ctx.ebs.terminate_instance(first).await,
     }
 
+    // The Pods go one at a time, the last Node's first, each once the
+    // previous one's VA has settled: a refused VA on a later Node must not
+    // still be retried when the first Node's detach frees the volume (a retry
+    // landing in that window would attach it: timing, not behaviour).
     // Heartbeats tell kube-controller-manager that nothing is mounted (a
     // volume whose attach failed is otherwise assumed mounted for 6 minutes);
     // a kubelet posts them, here a task does.
-    for pod in &n.pods {
-        support::delete_pod(&ctx.client, pod, PEER_TIMEOUT).await;
-    }
     let heartbeats = {
         let (client, nodes) = (ctx.client.clone(), n.nodes.clone());
         tokio::spawn(async move {
@@ -1011,7 +1012,8 @@ async fn run_scenario(
         })
     };
     let mut settled = Ok(());
-    for node in &n.nodes {
+    for (pod, node) in n.pods.iter().zip(&n.nodes).rev() {
+        support::delete_pod(&ctx.client, pod, PEER_TIMEOUT).await;
         settled = settled.and(settle_detach(ctx, &n, node).await);
     }
     heartbeats.abort();
