@@ -401,6 +401,8 @@ impl DriverClient {
             volume_id,
             node_id,
             secrets,
+            // CSI v1.14's alpha reason stays unset, as external-attacher v4.13.0 leaves it.
+            reason: proto::controller_unpublish_volume_request::Reason::Unknown.into(),
         };
         tracing::trace!(request = ?message, "ControllerUnpublishVolume");
         let mut c = self.controller.clone();

@@ -382,4 +382,11 @@ impl Controller for FakeCsi {
     ) -> Reply<proto::ControllerGetVolumeHealthResponse> {
         Err(Status::unimplemented("ControllerGetVolumeHealth"))
     }
+
+    async fn controller_get_node_info(
+        &self,
+        _: Request<proto::ControllerGetNodeInfoRequest>,
+    ) -> Reply<proto::ControllerGetNodeInfoResponse> {
+        Err(Status::unimplemented("ControllerGetNodeInfo"))
+    }
 }

@@ -52,7 +52,7 @@ redacting_debug!(DeleteVolumeRequest { volume_id } secrets: secrets);
 redacting_debug!(ControllerPublishVolumeRequest {
     volume_id, node_id, volume_capability, readonly, volume_context,
 } secrets: secrets);
-redacting_debug!(ControllerUnpublishVolumeRequest { volume_id, node_id } secrets: secrets);
+redacting_debug!(ControllerUnpublishVolumeRequest { volume_id, node_id, reason } secrets: secrets);
 redacting_debug!(ValidateVolumeCapabilitiesRequest {
     volume_id, volume_context, volume_capabilities, parameters, mutable_parameters,
 } secrets: secrets);

@@ -18,6 +18,7 @@ mod controller_manager;
 mod detach_once;
 mod differential;
 mod discovery_migration;
+mod ebs_differential;
 mod leader_election;
 mod lease_guard;
 mod lease_interop;

@@ -12,6 +12,7 @@ mod attachers;
 mod audit;
 mod cluster;
 mod controller_manager;
+pub(crate) mod ebs;
 mod fixtures;
 mod gate;
 mod local;

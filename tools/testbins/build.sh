@@ -29,7 +29,7 @@ HELM_VERSION=v4.3.2
 HELM3_VERSION=v3.22.0
 PROVISIONER_VERSION=v6.4.0
 BINARIES="etcd mockcsi csi-attacher kube-apiserver kubectl csi-sanity translation-oracle helm helm3
-  kube-controller-manager csi-provisioner pd-controller"
+  kube-controller-manager csi-provisioner pd-controller ebs-controller"
 
 profile=${TESTBINS_PROFILE:-}
 pdir=
@@ -119,6 +119,9 @@ step helm3 helm "-X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION $h3"
 step kube-controller-manager k8s "$KLDFLAGS" k8s.io/kubernetes/cmd/kube-controller-manager
 step csi-provisioner provisioner "-X main.version=$PROVISIONER_VERSION" github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner
 step pd-controller pd "" ./cmd/pd-controller
+# The AWS EBS driver's own controller service on an in-memory EC2 (cmd/ebs-controller, ours);
+# GetPluginInfo reports the module's version, stamped in as the driver's own release build does.
+step ebs-controller ebs "-X github.com/kubernetes-sigs/aws-ebs-csi-driver/pkg/driver.driverVersion=$(cd "$src/ebs" && go list -m -f '{{.Version}}' github.com/kubernetes-sigs/aws-ebs-csi-driver)" ./cmd/ebs-controller
 
 rm -rf "$out"
 mv "$tmp" "$out"

@@ -307,6 +307,13 @@ impl Controller for Service {
     ) -> Reply<proto::ControllerGetVolumeHealthResponse> {
         Err(Status::unimplemented("ControllerGetVolumeHealth"))
     }
+
+    async fn controller_get_node_info(
+        &self,
+        _req: Request<proto::ControllerGetNodeInfoRequest>,
+    ) -> Reply<proto::ControllerGetNodeInfoResponse> {
+        Err(Status::unimplemented("ControllerGetNodeInfo"))
+    }
 }
 
 #[tonic::async_trait]

@@ -608,7 +608,7 @@ async fn the_call_record_keeps_what_arrived_including_secrets() {
         ))
         .await;
     let node = NodeClient::new(mock.channel().await)
-        .node_get_info(proto::NodeGetInfoRequest {})
+        .node_get_info(proto::NodeGetInfoRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -582,7 +582,7 @@ async fn run_step(
             c.controller_unpublish_volume(proto::ControllerUnpublishVolumeRequest {
                 volume_id: ctx.volume(),
                 node_id: ctx.node_id(ctx.va_node(role), NodeEntry::OurDriver),
-                secrets: Default::default(),
+                ..Default::default()
             })
             .await
             .map_err(|e| format!("unpublishing behind the attacher's back: {e}"))?;
