@@ -282,7 +282,7 @@ fn assert_same_objects(what: &str, chart: &str, kustomize: &str) {
     assert!(!from_chart.is_empty(), "{what}: nothing rendered");
 }
 
-/// Copies `deploy/{base,components,overlays}` (following symbolic links) into
+/// Copies `deploy/{base,components,overlays,transformers}` (following symbolic links) into
 /// a fresh directory, where a comparison can add overlays and change settings.
 fn deploy_copy() -> tempfile::TempDir {
     fn copy_dir(from: &Path, to: &Path) {
@@ -301,7 +301,7 @@ fn deploy_copy() -> tempfile::TempDir {
         .prefix("ah-helm-kustomize-")
         .tempdir()
         .expect("temporary directory");
-    for part in ["base", "components", "overlays"] {
+    for part in ["base", "components", "overlays", "transformers"] {
         copy_dir(
             &repo().join("deploy").join(part),
             &tmp.path().join("deploy").join(part),
@@ -346,7 +346,8 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
         everything.join("kustomization.yaml"),
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
          namespace: attacher-hub\nresources: [../hub, ../observability]\n\
-         components: [../../components/publish-secrets]\n",
+         components: [../../components/publish-secrets]\n\
+         transformers: [../../transformers/install-names]\n",
     )
     .expect("write kustomization");
     let chart = helm_template(

@@ -115,7 +115,7 @@ impl Workspace {
             .prefix("ah-topologies-")
             .tempdir()
             .expect("temporary directory");
-        for part in ["base", "components", "overlays", "examples"] {
+        for part in ["base", "components", "overlays", "transformers", "examples"] {
             copy_tree(
                 &repo().join("deploy").join(part),
                 &dir.path().join("deploy").join(part),

@@ -4,11 +4,11 @@
 //! enforces.
 //!
 //! The tests that run a shipped path run one at a time, each holding the test process's gate
-//! alone (`support::alone`): the overlays share cluster-scoped names (the ClusterRole and
-//! ClusterRoleBinding `attacher-hub`, bound to each overlay's own account), the tests share the
-//! volume node and the VA label, and the bounds on attach latency and leaderless time hold for
-//! a rollover with no other measured test beside it (the hub-mode tests in the same binary
-//! take the gate too).
+//! alone (`support::alone`): some share a namespace (the hub, daemonset and controller-pool
+//! overlays and the chart's releases all use `attacher-hub`), the tests share the volume node
+//! and the VA label, and the bounds on attach latency and leaderless time hold for a rollover
+//! with no other measured test beside it (the hub-mode tests in the same binary take the gate
+//! too). Installs side by side are `tests/deploy/installs.rs`.
 
 use crate::pods;
 use crate::support;

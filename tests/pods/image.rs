@@ -37,8 +37,10 @@ pub(crate) struct Image {
     pub(crate) cmd: Vec<String>,
 }
 
-/// The placeholder controller plugins of the shipped manifests and the driver name each serves.
-const PLACEHOLDERS: [(&str, &str); 3] = [
+/// The placeholder controller plugins of the shipped manifests (and of the tests that install
+/// several of them side by side, each serving a driver of its own) and the driver name each
+/// serves.
+const PLACEHOLDERS: [(&str, &str); 7] = [
     (
         "registry.example.com/example-csi-driver",
         "example.csi.example.com",
@@ -48,7 +50,30 @@ const PLACEHOLDERS: [(&str, &str); 3] = [
         "fast-disk.csi.example.com",
     ),
     ("registry.example.com/nfs-csi-driver", "nfs.csi.example.com"),
+    (
+        "registry.example.com/vendor-a-csi-driver",
+        "vendor-a.csi.example.com",
+    ),
+    (
+        "registry.example.com/vendor-b-csi-driver",
+        "vendor-b.csi.example.com",
+    ),
+    (
+        "registry.example.com/release-a-csi-driver",
+        "release-a.csi.example.com",
+    ),
+    (
+        "registry.example.com/release-b-csi-driver",
+        "release-b.csi.example.com",
+    ),
 ];
+
+/// The stand-in of the GCE PD driver's node plugin (its `gce-pd-driver` container run with
+/// `--run-controller-service=false`), whose image `tests/deploy/defaults.rs` names in its place:
+/// the mock serving PD's name, offering the CONTROLLER_SERVICE plugin capability as PD's
+/// identity service always does, and exiting with status 2 when asked ControllerGetCapabilities,
+/// as PD's node plugin dies (a Go panic: it dereferences its nil controller server).
+pub(crate) const PD_NODE_PLUGIN_STAND_IN: &str = "registry.example.com/pd-node-plugin-stand-in";
 
 /// The repository of `image` (no tag, no digest).
 pub(crate) fn repository(image: &str) -> &str {

@@ -29,6 +29,15 @@ so that the longest suffix ("-publish-secrets") still fits in 63.
 {{- end -}}
 {{- end -}}
 
+{{/*
+Prefix of the names of cluster-scoped objects (ClusterRoles, ClusterRoleBindings):
+"<release namespace>:<fullname>". Two releases differ in namespace or name, so
+they never share one (a release named attacher-hub in two namespaces included).
+*/}}
+{{- define "attacher-hub.clusterName" -}}
+{{- printf "%s:%s" .Release.Namespace (include "attacher-hub.fullname" .) -}}
+{{- end -}}
+
 {{/* The ServiceAccount every attacher-hub pod runs as. */}}
 {{- define "attacher-hub.serviceAccountName" -}}
 {{- default (include "attacher-hub.fullname" .) .Values.serviceAccount.name -}}
