@@ -336,6 +336,13 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
         assert_same_objects(shape, &chart, &overlay);
     }
 
+    // The chart's defaults (no values file) are the controller pool's DaemonSet, over the
+    // directory where controllers export their sockets: never the kubelet plugins directory,
+    // whose node plugins may die when asked for a controller service (docs/deploy.md).
+    let defaults = helm_template("helm", "attacher-hub", &[], &[]);
+    let pool = kustomize(&repo().join("deploy/overlays/controller-pool"));
+    assert_same_objects("the chart's defaults", &defaults, &pool);
+
     let copy = deploy_copy();
     let overlays = copy.path().join("deploy/overlays");
 

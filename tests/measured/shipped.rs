@@ -1301,13 +1301,11 @@ async fn chart_rolls_over(values: Option<&str>, ns: &str, level: &str, drivers: 
     let (objects, install) = chart(values, ns, level);
     let workload = workload_of(&objects);
     if workload.name.starts_with("daemonset/") {
-        let sockets = if values == Some("ci/controller-pool-values.yaml") {
-            "var/lib/attacher-hub/controllers"
-        } else {
-            "var/lib/kubelet/plugins"
-        };
+        // The host directory the rendered DaemonSet discovers sockets in (the defaults: the
+        // controllers' export directory; ci/daemonset-values.yaml: the kubelet plugins one).
+        let sockets = host_socket_dir(&objects);
         let pair = [drivers[0], drivers[1]];
-        daemonset_rolls_over(&what, &client, &objects, sockets, pair, install).await;
+        daemonset_rolls_over(&what, &client, &objects, &sockets, pair, install).await;
     } else {
         let runner = PodRunner::start(ns, &[("chart-node-a", &[]), ("chart-node-b", &[])]).await;
         let began = std::time::SystemTime::now();
@@ -1335,11 +1333,30 @@ async fn chart_rolls_over(values: Option<&str>, ns: &str, level: &str, drivers: 
     helm_uninstall(ns);
 }
 
-/// `helm install` with no values file: the DaemonSet on the pool's nodes, over the kubelet
-/// plugins directory.
+/// The hostPath (without its leading `/`) of the rendered DaemonSet's socket volume
+/// (`kubelet-plugins`, mounted where `--driver-sockets` looks).
+fn host_socket_dir(objects: &[Value]) -> String {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .flat_map(|o| {
+            o["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .find(|v| v["name"] == "kubelet-plugins")
+        .and_then(|v| v["hostPath"]["path"].as_str().map(str::to_string))
+        .expect("the DaemonSet's kubelet-plugins hostPath")
+        .trim_start_matches('/')
+        .to_string()
+}
+
+/// `helm install` with no values file: the DaemonSet on the pool's nodes, over the directory
+/// where the controllers of topology (b) export their sockets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chart_installed_with_its_defaults_rolls_over() {
-    let drivers = ["plugins-a.csi.example.com", "plugins-b.csi.example.com"];
+    let drivers = ["pool-a.csi.example.com", "pool-b.csi.example.com"];
     chart_rolls_over(None, "attacher-hub", "privileged", &drivers).await;
 }
 

@@ -11,6 +11,8 @@
 //!   (`registry.example.com/<name>-csi-driver`): the project's mock CSI driver, serving the
 //!   driver name the table below gives for it, with volumes `vol-0` to `vol-9999`, not listing
 //!   published nodes (see [`resolve`]);
+//! * the stand-in of the GCE PD driver's node plugin that `tests/deploy/defaults.rs` names: the
+//!   mock, dying when asked for the controller service as PD's node plugin does;
 //! * the GCE PD CSI driver's image: `pd-controller`, its controller service on its fake cloud;
 //! * external-attacher's and external-provisioner's images: the reference builds of
 //!   `tools/testbins`.
@@ -105,6 +107,19 @@ pub(crate) fn resolve(image: &str) -> Result<Image, String> {
                 format!("--name={driver}"),
                 "--volumes=10000".into(),
                 "--no-published-nodes".into(),
+            ],
+            cmd: Vec::new(),
+        });
+    }
+    if repo_name == PD_NODE_PLUGIN_STAND_IN {
+        return Ok(Image {
+            files: vec![(mock_csi_driver_bin().to_path_buf(), "/csi-driver".into())],
+            user: None,
+            entrypoint: vec![
+                "/csi-driver".into(),
+                "--name=pd.csi.storage.gke.io".into(),
+                "--fault".into(),
+                "ControllerGetCapabilities=exit:2".into(),
             ],
             cmd: Vec::new(),
         });
