@@ -14,6 +14,7 @@ mod support;
 mod defaults;
 mod demo;
 mod deploy;
+mod hardening;
 mod helm;
 mod image;
 mod installs;

@@ -1578,7 +1578,9 @@ async fn pd_hub_pod_with_two_more_drivers_rolls_over() {
     // hand-over: no driver was leaderless for more than 0.09 s), took 1.11 and 1.16 s, and with
     // under 100 VAs the p99 is the slowest one. Leaderless time keeps its 1 s.
     let bounds = (HUB_BOUNDS.0, Duration::from_secs(2));
-    pd_rolls_over("PD hub pod", objects, &drivers, 8080, bounds).await;
+    // The hub listens where PD's attacher did: the hub-pod component keeps its flags
+    // (--http-endpoint=:22012).
+    pd_rolls_over("PD hub pod", objects, &drivers, 22012, bounds).await;
 }
 
 /// The pool's objects as docs/deploy.md ("Per-driver settings in discovery mode") has an

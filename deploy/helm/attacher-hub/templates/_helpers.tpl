@@ -204,7 +204,8 @@ livenessProbe:
 {{/*
 Container security context of the image's user 65532: no root, no
 capabilities, no privilege escalation, read-only root filesystem (the process
-writes no files).
+writes no files), the runtime's default seccomp profile (also where the pod's
+securityContext, which podSecurityContext may replace, sets none).
 */}}
 {{- define "attacher-hub.nonRootSecurityContext" -}}
 runAsNonRoot: true
@@ -214,13 +215,16 @@ readOnlyRootFilesystem: true
 allowPrivilegeEscalation: false
 capabilities:
   drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
 {{- end -}}
 
 {{/*
 Container security context of the daemonset shape: UID 0 to reach the node
 plugins' root-owned sockets (mode 0755 normally; connecting to a Unix socket
 needs write permission on it), with every capability dropped (so no
-DAC_OVERRIDE), no privilege escalation and a read-only root filesystem.
+DAC_OVERRIDE), no privilege escalation, a read-only root filesystem and the
+runtime's default seccomp profile.
 */}}
 {{- define "attacher-hub.rootSecurityContext" -}}
 runAsNonRoot: false
@@ -230,6 +234,8 @@ readOnlyRootFilesystem: true
 allowPrivilegeEscalation: false
 capabilities:
   drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
 {{- end -}}
 
 {{/* Pod-level network, scheduling and pull settings shared by every shape (only those set). */}}
