@@ -129,13 +129,14 @@ fn parse_dockerfile(text: &str) -> Vec<Stage> {
 
 /// What the manifests must agree with: the final stage's entrypoint and user.
 #[derive(Debug)]
-struct Image {
-    entrypoint: Vec<String>,
-    uid: i64,
-    gid: i64,
+pub(crate) struct Image {
+    pub(crate) entrypoint: Vec<String>,
+    pub(crate) uid: i64,
+    pub(crate) gid: i64,
 }
 
-fn image_from_dockerfile() -> Image {
+/// The Dockerfile's runtime stage, checked against CI's build and the project's layout.
+pub(crate) fn image_from_dockerfile() -> Image {
     let text = std::fs::read_to_string(repo().join("Dockerfile")).expect("read Dockerfile");
     let stages = parse_dockerfile(&text);
     assert_eq!(stages.len(), 2, "builder and runtime stages: {stages:#?}");
@@ -511,7 +512,10 @@ async fn dockerfile_and_manifests_agree() {
     {
         assert_eq!(&labels[k], v, "the PDB selects the hub pods");
     }
-    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    // One replica at a time, whatever the replica count: never `minAvailable`, which with one
+    // replica refuses every eviction (tests/deploy/hardening.rs checks every budget).
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert!(pdb["spec"]["minAvailable"].is_null());
     // A replica that is not Ready serves nothing; evicting it never waits for the budget.
     assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     let anti = &pod["affinity"]["podAntiAffinity"];

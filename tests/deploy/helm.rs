@@ -282,7 +282,7 @@ fn assert_same_objects(what: &str, chart: &str, kustomize: &str) {
     assert!(!from_chart.is_empty(), "{what}: nothing rendered");
 }
 
-/// Copies `deploy/{base,components,overlays}` (following symbolic links) into
+/// Copies `deploy/{base,components,overlays,transformers}` (following symbolic links) into
 /// a fresh directory, where a comparison can add overlays and change settings.
 fn deploy_copy() -> tempfile::TempDir {
     fn copy_dir(from: &Path, to: &Path) {
@@ -301,7 +301,7 @@ fn deploy_copy() -> tempfile::TempDir {
         .prefix("ah-helm-kustomize-")
         .tempdir()
         .expect("temporary directory");
-    for part in ["base", "components", "overlays"] {
+    for part in ["base", "components", "overlays", "transformers"] {
         copy_dir(
             &repo().join("deploy").join(part),
             &tmp.path().join("deploy").join(part),
@@ -336,6 +336,13 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
         assert_same_objects(shape, &chart, &overlay);
     }
 
+    // The chart's defaults (no values file) are the controller pool's DaemonSet, over the
+    // directory where controllers export their sockets: never the kubelet plugins directory,
+    // whose node plugins may die when asked for a controller service (docs/deploy.md).
+    let defaults = helm_template("helm", "attacher-hub", &[], &[]);
+    let pool = kustomize(&repo().join("deploy/overlays/controller-pool"));
+    assert_same_objects("the chart's defaults", &defaults, &pool);
+
     let copy = deploy_copy();
     let overlays = copy.path().join("deploy/overlays");
 
@@ -346,7 +353,8 @@ fn chart_and_kustomize_overlays_render_the_same_objects() {
         everything.join("kustomization.yaml"),
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
          namespace: attacher-hub\nresources: [../hub, ../observability]\n\
-         components: [../../components/publish-secrets]\n",
+         components: [../../components/publish-secrets]\n\
+         transformers: [../../transformers/install-names]\n",
     )
     .expect("write kustomization");
     let chart = helm_template(

@@ -36,12 +36,9 @@ use serde_json::Value;
 
 use mock_csi_driver::MockDriver;
 use support::{
-    Cluster, PvBuilder, WAIT_TIMEOUT, create_node, create_va, http_get, is_attached, repo, tool,
-    unique_driver_name, unique_name, wait_deleted, wait_for,
+    Cluster, PvBuilder, WAIT_TIMEOUT, create_node, create_va, http_get, is_attached, release, repo,
+    tool, unique_driver_name, unique_name, wait_deleted, wait_for,
 };
-
-#[path = "../support/release.rs"]
-mod release;
 
 /// Bound on the image size: the binary (~18 MB), glibc and CA certificates;
 /// far above this, something unintended went in.

@@ -11,7 +11,9 @@
 //!
 //! * (a) sidecar swap: the `csi-attacher` container runs attacher-hub's image with the
 //!   vendor's arguments, environment, ports, probes and mounts, as root without capabilities
-//!   (the driver's socket is root's); nothing else changes. attacher-hub accepts those exact
+//!   and with the RuntimeDefault seccomp profile (the driver's socket is root's); a metrics
+//!   Service named after the Deployment selects its pods for the ServiceMonitor; nothing else
+//!   changes. attacher-hub accepts those exact
 //!   arguments (the binary runs with them). The Helm post-renderer (Helm 3 as an executable,
 //!   Helm 4 as a plugin) renders the same objects from a chart, and changes only the
 //!   Deployment that holds a csi-attacher container: PD's webhook Deployment and any other
@@ -28,8 +30,9 @@
 //!   `ci/controller-pool-values.yaml` and the post-renderer give the same.
 //! * (c) hub pod: the PD controller pod's attacher is attacher-hub in hub mode whose
 //!   `drivers.yaml` (checked with attacher-hub's own parser) names a socket that a container of
-//!   the pod serves on a volume both mount; the chart's hub shape with PD's containers inside
-//!   passes the same checks.
+//!   the pod serves on a volume both mount; it keeps PD's attacher flags (the binary starts with
+//!   them after `--config`) and gets the same metrics Service as (a); the chart's hub shape
+//!   with PD's containers inside passes the same checks.
 //!
 //! RBAC, checked by the API server's authorizer (`kubectl auth can-i` as the ServiceAccount,
 //! with the rendered RBAC applied for real in a namespace of the test's own): the account
@@ -115,7 +118,7 @@ impl Workspace {
             .prefix("ah-topologies-")
             .tempdir()
             .expect("temporary directory");
-        for part in ["base", "components", "overlays", "examples"] {
+        for part in ["base", "components", "overlays", "transformers", "examples"] {
             copy_tree(
                 &repo().join("deploy").join(part),
                 &dir.path().join("deploy").join(part),
@@ -290,6 +293,10 @@ fn assert_root_without_capabilities(what: &str, c: &Value) {
         "{what}: {sc}"
     );
     assert!(sc["capabilities"]["add"].is_null(), "{what}: {sc}");
+    assert_eq!(
+        sc["seccompProfile"]["type"], "RuntimeDefault",
+        "{what}: {sc}"
+    );
 }
 
 /// The objects of `after` other than `changed` (keys) equal those of `before`, and none is
@@ -587,8 +594,16 @@ fn sidecar_swap_puts_attacher_hub_in_the_place_of_the_pd_attacher() {
         pod(before)["serviceAccountName"],
         pod(after)["serviceAccountName"]
     );
-    // Only the Deployment changed: RBAC, the CSIDriver, the node plugins are the vendor's.
-    assert_unchanged_except("sidecar swap", &vendor, &swapped, &[key(after)], &[]);
+    // Only the Deployment changed (and its metrics Service is added): RBAC, the CSIDriver, the
+    // node plugins are the vendor's.
+    let service = metrics_service("sidecar swap", &swapped, after, "sidecar-swap");
+    assert_unchanged_except(
+        "sidecar swap",
+        &vendor,
+        &swapped,
+        &[key(after)],
+        &[key(service)],
+    );
 
     // The vendor's ServiceAccount may make every call attacher-hub makes, its Lease in the
     // pod's namespace (--leader-election-namespace=$(PDCSI_NAMESPACE)).
@@ -600,6 +615,53 @@ fn sidecar_swap_puts_attacher_hub_in_the_place_of_the_pd_attacher() {
     );
 
     assert_hub_accepts_the_arguments(&strings(&hub["args"]));
+}
+
+/// The metrics Service the component (`component`: sidecar-swap or hub-pod) adds next to the
+/// vendor's controller `workload`: named after it, in its namespace, labelled for the
+/// ServiceMonitor of deploy/overlays/observability, selecting exactly the workload's pods (by
+/// the label the component gives them) on the attacher container's metrics port.
+fn metrics_service<'a>(
+    what: &str,
+    objs: &'a [Value],
+    workload: &Value,
+    component: &str,
+) -> &'a Value {
+    let service = find(
+        objs,
+        "Service",
+        &format!("{}-attacher-metrics", name(workload)),
+    );
+    assert_eq!(namespace(service), namespace(workload), "{what}");
+    assert_eq!(
+        service["metadata"]["labels"]["app.kubernetes.io/name"], "attacher-hub",
+        "{what}: the ServiceMonitor selects it"
+    );
+    let label = format!("attacher-hub.example.com/{component}");
+    assert_eq!(
+        service["spec"]["selector"],
+        json!({ label.clone(): name(workload) }),
+        "{what}"
+    );
+    assert_eq!(
+        workload["spec"]["template"]["metadata"]["labels"][&label],
+        name(workload),
+        "{what}: the pods carry the Service's label"
+    );
+    let port = &service["spec"]["ports"][0];
+    assert_eq!(port["name"], "http-metrics", "{what}");
+    let hub = container(workload, "csi-attacher").expect("the attacher container");
+    let declared = hub["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|p| p["name"] == port["targetPort"] || p["containerPort"] == port["targetPort"]);
+    assert!(
+        declared,
+        "{what}: the Service targets {}, which the attacher container does not declare",
+        port["targetPort"]
+    );
+    service
 }
 
 /// attacher-hub starts with exactly the arguments of PD's attacher container (the Lease
@@ -995,6 +1057,17 @@ fn controller_pool_exports_the_pd_socket_to_the_attacher_hub_daemonset() {
 
 // === (c) hub pod ==============================================================
 
+/// The arguments attacher-hub gets in `c`: after the entrypoint, those of its `command` (the
+/// hub-pod component puts `--config` there, before the vendor's arguments), then its `args`.
+fn hub_arguments(c: &Value) -> Vec<&str> {
+    let command = strings(&c["command"]);
+    command
+        .into_iter()
+        .skip(1)
+        .chain(strings(&c["args"]))
+        .collect()
+}
+
 /// The hub container of a hub pod reads a drivers.yaml that attacher-hub's own parser
 /// accepts, and every driver it names listens on a volume the hub container mounts too.
 fn assert_hub_pod(what: &str, objs: &[Value], workload: &Value, hub_name: &str) {
@@ -1006,7 +1079,7 @@ fn assert_hub_pod(what: &str, objs: &[Value], workload: &Value, hub_name: &str) 
         "{what}: {}",
         hub["image"]
     );
-    let args = strings(&hub["args"]);
+    let args = hub_arguments(hub);
     let config = args
         .iter()
         .find_map(|a| a.strip_prefix("--config="))
@@ -1094,7 +1167,42 @@ fn hub_pod_turns_the_pd_attacher_into_attacher_hub_serving_drivers_yaml() {
     assert_root_without_capabilities("hub pod", container(after, "csi-attacher").unwrap());
     assert_other_containers_unchanged("hub pod", before, after, "csi-attacher");
     let drivers = find(&hubbed, "ConfigMap", "attacher-hub-drivers");
-    assert_unchanged_except("hub pod", &vendor, &hubbed, &[key(after)], &[key(drivers)]);
+    let service = metrics_service("hub pod", &hubbed, after, "hub-pod");
+    assert_unchanged_except(
+        "hub pod",
+        &vendor,
+        &hubbed,
+        &[key(after)],
+        &[key(drivers), key(service)],
+    );
+    // The vendor's flags, after --config, are the defaults of every driver of drivers.yaml:
+    // attacher-hub starts with them and serves the socket drivers.yaml names.
+    let hub = container(after, "csi-attacher").expect("the hub container");
+    let go = container(before, "csi-attacher").expect("PD's attacher");
+    assert_eq!(
+        hub["args"], go["args"],
+        "hub pod: the vendor's flags are kept"
+    );
+    let file = ws.dir.path().join("drivers.yaml");
+    std::fs::write(
+        &file,
+        drivers["data"]["drivers.yaml"]
+            .as_str()
+            .expect("drivers.yaml"),
+    )
+    .expect("write drivers.yaml");
+    let config = format!("--config={}", file.display());
+    let args: Vec<&str> = hub_arguments(hub)
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--config=") {
+                config.as_str()
+            } else {
+                a
+            }
+        })
+        .collect();
+    assert_hub_accepts_the_arguments(&args);
     let rbac = IsolatedRbac::apply(&hubbed, PD_NAMESPACE, "hubpod");
     rbac.assert_allows(
         "hub pod",
@@ -1310,12 +1418,15 @@ fn helm_post_renderer_changes_only_the_deployment_that_holds_csi_attacher() {
                 ),
                 _ => assert!(container(pd, "csi-attacher").is_none(), "{what}"),
             }
-            // Everything else is the vendor's.
+            // Everything else is the vendor's (and the swap's metrics Service is added).
             let pd_key = key(pd);
-            let added = [
+            let mut added = vec![
                 key(&webhook),
                 "ConfigMap gce-pd-csi-driver/attacher-notes".into(),
             ];
+            if args[0] == "sidecar-swap" {
+                added.push(key(metrics_service(&what, &objs, pd, "sidecar-swap")));
+            }
             assert_unchanged_except(&what, &vendor, &objs, &[pd_key], &added);
         }
     }

@@ -4,11 +4,11 @@
 //! enforces.
 //!
 //! The tests that run a shipped path run one at a time, each holding the test process's gate
-//! alone (`support::alone`): the overlays share cluster-scoped names (the ClusterRole and
-//! ClusterRoleBinding `attacher-hub`, bound to each overlay's own account), the tests share the
-//! volume node and the VA label, and the bounds on attach latency and leaderless time hold for
-//! a rollover with no other measured test beside it (the hub-mode tests in the same binary
-//! take the gate too).
+//! alone (`support::alone`): some share a namespace (the hub, daemonset and controller-pool
+//! overlays and the chart's releases all use `attacher-hub`), the tests share the volume node
+//! and the VA label, and the bounds on attach latency and leaderless time hold for a rollover
+//! with no other measured test beside it (the hub-mode tests in the same binary take the gate
+//! too). Installs side by side are `tests/deploy/installs.rs`.
 
 use crate::pods;
 use crate::support;
@@ -1301,13 +1301,11 @@ async fn chart_rolls_over(values: Option<&str>, ns: &str, level: &str, drivers: 
     let (objects, install) = chart(values, ns, level);
     let workload = workload_of(&objects);
     if workload.name.starts_with("daemonset/") {
-        let sockets = if values == Some("ci/controller-pool-values.yaml") {
-            "var/lib/attacher-hub/controllers"
-        } else {
-            "var/lib/kubelet/plugins"
-        };
+        // The host directory the rendered DaemonSet discovers sockets in (the defaults: the
+        // controllers' export directory; ci/daemonset-values.yaml: the kubelet plugins one).
+        let sockets = host_socket_dir(&objects);
         let pair = [drivers[0], drivers[1]];
-        daemonset_rolls_over(&what, &client, &objects, sockets, pair, install).await;
+        daemonset_rolls_over(&what, &client, &objects, &sockets, pair, install).await;
     } else {
         let runner = PodRunner::start(ns, &[("chart-node-a", &[]), ("chart-node-b", &[])]).await;
         let began = std::time::SystemTime::now();
@@ -1335,11 +1333,30 @@ async fn chart_rolls_over(values: Option<&str>, ns: &str, level: &str, drivers: 
     helm_uninstall(ns);
 }
 
-/// `helm install` with no values file: the DaemonSet on the pool's nodes, over the kubelet
-/// plugins directory.
+/// The hostPath (without its leading `/`) of the rendered DaemonSet's socket volume
+/// (`kubelet-plugins`, mounted where `--driver-sockets` looks).
+fn host_socket_dir(objects: &[Value]) -> String {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .flat_map(|o| {
+            o["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .find(|v| v["name"] == "kubelet-plugins")
+        .and_then(|v| v["hostPath"]["path"].as_str().map(str::to_string))
+        .expect("the DaemonSet's kubelet-plugins hostPath")
+        .trim_start_matches('/')
+        .to_string()
+}
+
+/// `helm install` with no values file: the DaemonSet on the pool's nodes, over the directory
+/// where the controllers of topology (b) export their sockets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chart_installed_with_its_defaults_rolls_over() {
-    let drivers = ["plugins-a.csi.example.com", "plugins-b.csi.example.com"];
+    let drivers = ["pool-a.csi.example.com", "pool-b.csi.example.com"];
     chart_rolls_over(None, "attacher-hub", "privileged", &drivers).await;
 }
 
@@ -1560,7 +1577,9 @@ async fn pd_hub_pod_with_two_more_drivers_rolls_over() {
     // replica is ready, and counts in the balance, only once its drivers have started
     // (`src/hub/startup.rs`). Before that, on a loaded machine, PD was handed over to the new
     // pod while its PD controller was still starting: 5.1 s without a leader.
-    pd_rolls_over("PD hub pod", objects, &drivers, 8080, HUB_BOUNDS).await;
+    // The hub listens where PD's attacher did: the hub-pod component keeps its flags
+    // (--http-endpoint=:22012).
+    pd_rolls_over("PD hub pod", objects, &drivers, 22012, HUB_BOUNDS).await;
 }
 
 /// The pool's objects as docs/deploy.md ("Per-driver settings in discovery mode") has an

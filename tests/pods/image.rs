@@ -11,6 +11,8 @@
 //!   (`registry.example.com/<name>-csi-driver`): the project's mock CSI driver, serving the
 //!   driver name the table below gives for it, with volumes `vol-0` to `vol-9999`, not listing
 //!   published nodes (see [`resolve`]);
+//! * the stand-in of the GCE PD driver's node plugin that `tests/deploy/defaults.rs` names: the
+//!   mock, dying when asked for the controller service as PD's node plugin does;
 //! * the GCE PD CSI driver's image: `pd-controller`, its controller service on its fake cloud;
 //! * external-attacher's and external-provisioner's images: the reference builds of
 //!   `tools/testbins`.
@@ -21,10 +23,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::support::{Cluster, mock_csi_driver_bin};
-
-#[path = "../support/release.rs"]
-mod release;
+use crate::support::{Cluster, mock_csi_driver_bin, release};
 
 /// What runs for one image: the files the image holds, its user and its entrypoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,8 +39,10 @@ pub(crate) struct Image {
     pub(crate) cmd: Vec<String>,
 }
 
-/// The placeholder controller plugins of the shipped manifests and the driver name each serves.
-const PLACEHOLDERS: [(&str, &str); 3] = [
+/// The placeholder controller plugins of the shipped manifests (and of the tests that install
+/// several of them side by side, each serving a driver of its own) and the driver name each
+/// serves.
+const PLACEHOLDERS: [(&str, &str); 7] = [
     (
         "registry.example.com/example-csi-driver",
         "example.csi.example.com",
@@ -51,7 +52,30 @@ const PLACEHOLDERS: [(&str, &str); 3] = [
         "fast-disk.csi.example.com",
     ),
     ("registry.example.com/nfs-csi-driver", "nfs.csi.example.com"),
+    (
+        "registry.example.com/vendor-a-csi-driver",
+        "vendor-a.csi.example.com",
+    ),
+    (
+        "registry.example.com/vendor-b-csi-driver",
+        "vendor-b.csi.example.com",
+    ),
+    (
+        "registry.example.com/release-a-csi-driver",
+        "release-a.csi.example.com",
+    ),
+    (
+        "registry.example.com/release-b-csi-driver",
+        "release-b.csi.example.com",
+    ),
 ];
+
+/// The stand-in of the GCE PD driver's node plugin (its `gce-pd-driver` container run with
+/// `--run-controller-service=false`), whose image `tests/deploy/defaults.rs` names in its place:
+/// the mock serving PD's name, offering the CONTROLLER_SERVICE plugin capability as PD's
+/// identity service always does, and exiting with status 2 when asked ControllerGetCapabilities,
+/// as PD's node plugin dies (a Go panic: it dereferences its nil controller server).
+pub(crate) const PD_NODE_PLUGIN_STAND_IN: &str = "registry.example.com/pd-node-plugin-stand-in";
 
 /// The repository of `image` (no tag, no digest).
 pub(crate) fn repository(image: &str) -> &str {
@@ -83,6 +107,19 @@ pub(crate) fn resolve(image: &str) -> Result<Image, String> {
                 format!("--name={driver}"),
                 "--volumes=10000".into(),
                 "--no-published-nodes".into(),
+            ],
+            cmd: Vec::new(),
+        });
+    }
+    if repo_name == PD_NODE_PLUGIN_STAND_IN {
+        return Ok(Image {
+            files: vec![(mock_csi_driver_bin().to_path_buf(), "/csi-driver".into())],
+            user: None,
+            entrypoint: vec![
+                "/csi-driver".into(),
+                "--name=pd.csi.storage.gke.io".into(),
+                "--fault".into(),
+                "ControllerGetCapabilities=exit:2".into(),
             ],
             cmd: Vec::new(),
         });

@@ -27,6 +27,10 @@ mod plan;
 mod scheduler;
 mod volumes;
 
+// Used by the `deploy` binary (tests/deploy/defaults.rs), not by `measured`.
+#[allow(unused_imports)]
+pub(crate) use image::PD_NODE_PLUGIN_STAND_IN;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;

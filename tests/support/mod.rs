@@ -23,6 +23,7 @@ mod names;
 mod pd;
 mod proc_stats;
 mod process;
+pub(crate) mod release;
 mod testbins;
 mod va_watch;
 mod vendor;

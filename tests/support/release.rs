@@ -3,8 +3,8 @@
 //! nothing changed, and serialises concurrent runs), and the image unpacked from its OCI
 //! archive as a container runtime would unpack it.
 //!
-//! Included with `#[path]` by the test files that use it (the pod runner's `tests/pods/image.rs`
-//! and `tests/deploy/image.rs`), each using a part of it.
+//! Used by the pod runner (`tests/pods/image.rs`) and by `tests/deploy/image.rs`, which checks
+//! the artifacts against each other.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};

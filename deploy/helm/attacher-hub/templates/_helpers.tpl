@@ -29,6 +29,15 @@ so that the longest suffix ("-publish-secrets") still fits in 63.
 {{- end -}}
 {{- end -}}
 
+{{/*
+Prefix of the names of cluster-scoped objects (ClusterRoles, ClusterRoleBindings):
+"<release namespace>:<fullname>". Two releases differ in namespace or name, so
+they never share one (a release named attacher-hub in two namespaces included).
+*/}}
+{{- define "attacher-hub.clusterName" -}}
+{{- printf "%s:%s" .Release.Namespace (include "attacher-hub.fullname" .) -}}
+{{- end -}}
+
 {{/* The ServiceAccount every attacher-hub pod runs as. */}}
 {{- define "attacher-hub.serviceAccountName" -}}
 {{- default (include "attacher-hub.fullname" .) .Values.serviceAccount.name -}}
@@ -195,7 +204,8 @@ livenessProbe:
 {{/*
 Container security context of the image's user 65532: no root, no
 capabilities, no privilege escalation, read-only root filesystem (the process
-writes no files).
+writes no files), the runtime's default seccomp profile (also where the pod's
+securityContext, which podSecurityContext may replace, sets none).
 */}}
 {{- define "attacher-hub.nonRootSecurityContext" -}}
 runAsNonRoot: true
@@ -205,13 +215,16 @@ readOnlyRootFilesystem: true
 allowPrivilegeEscalation: false
 capabilities:
   drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
 {{- end -}}
 
 {{/*
 Container security context of the daemonset shape: UID 0 to reach the node
 plugins' root-owned sockets (mode 0755 normally; connecting to a Unix socket
 needs write permission on it), with every capability dropped (so no
-DAC_OVERRIDE), no privilege escalation and a read-only root filesystem.
+DAC_OVERRIDE), no privilege escalation, a read-only root filesystem and the
+runtime's default seccomp profile.
 */}}
 {{- define "attacher-hub.rootSecurityContext" -}}
 runAsNonRoot: false
@@ -221,6 +234,8 @@ readOnlyRootFilesystem: true
 allowPrivilegeEscalation: false
 capabilities:
   drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
 {{- end -}}
 
 {{/* Pod-level network, scheduling and pull settings shared by every shape (only those set). */}}
