@@ -7,12 +7,14 @@
 #   2. starts etcd + kube-apiserver + kube-controller-manager (its
 #      attach-detach controller and PV binder), or reuses the ones running from
 #      CLUSTER_DIR (starting kube-controller-manager there if it does not run);
-#   3. starts three CSI drivers in a fresh temporary directory: the GCE PD
-#      driver's own controller service on its fake cloud (pd-controller; every
-#      attach and detach takes --pd-latency ± 20 %, as a real cloud's do), the
-#      project's Rust mock (mock-csi-driver) and the Go mock (mockcsi);
-#   4. creates Nodes (managed by the attach-detach controller, one fake-cloud
-#      instance each) with their CSINodes, and per driver PODS
+#   3. starts three CSI drivers in a fresh temporary directory, two of them real
+#      vendors' controllers on fake clouds, whose attaches and detaches take
+#      --latency ± 20 % as a real cloud's do: the GCE PD driver's controller
+#      service (pd-controller) and the AWS EBS driver's (ebs-controller, driver
+#      name ebs.csi.aws.com, fixed by the driver), and the project's Rust mock
+#      (mock-csi-driver);
+#   4. creates Nodes (managed by the attach-detach controller, one instance in
+#      each fake cloud) with their CSINodes, and per driver PODS
 #      PersistentVolumes, their claims and one Pod each, spread over the
 #      Nodes, with kubectl as the admin. No VolumeAttachment: kube-controller-
 #      manager creates them from the Pods;
@@ -31,7 +33,7 @@
 # removed (kube-controller-manager keeps running with it).
 #
 # Usage: scripts/demo.sh [--until-attached] [--timeout SECONDS] [--pods N]
-#                        [--pd-latency DURATION] [--keep-logs]
+#                        [--latency DURATION] [--keep-logs]
 #                        [--cluster-dir DIR | DIR]
 #   --until-attached  non-interactive: exit 0 as soon as every Pod's volumes
 #                     are attached and every driver leads (printing the Pods
@@ -39,8 +41,9 @@
 #                     after --timeout (default 300) seconds
 #   --pods N          Pods (each with one claim) per driver (default 5; --vas
 #                     is an older name of it)
-#   --pd-latency D    time each attach or detach of the PD driver's fake cloud
-#                     takes (Go duration, default 1s; 0s: none)
+#   --latency D       time each attach or detach of the fake clouds of PD and
+#                     EBS takes (Go duration, default 1s; 0s: none;
+#                     --pd-latency is an older name of it)
 #   --cluster-dir DIR control-plane directory (default .work/cluster)
 #   --keep-logs       keep the run's directory (sockets, logs, drivers.yaml,
 #                     objects.yaml) also after a clean exit; it is always kept
@@ -53,7 +56,7 @@ cd "$repo_root"
 # openssl, python3, curl, ... when missing (a fresh machine).
 "$repo_root/scripts/install-deps.sh" --no-prometheus --no-image
 
-until_attached=0 timeout=300 vas=5 nodes=3 cluster_arg= keep=0 pd_latency=1s
+until_attached=0 timeout=300 vas=5 nodes=3 cluster_arg= keep=0 latency=1s
 while [ $# -gt 0 ]; do
   case $1 in
     --until-attached) until_attached=1 ;;
@@ -61,8 +64,8 @@ while [ $# -gt 0 ]; do
     --timeout=*) timeout=${1#*=} ;;
     --pods|--vas) vas=${2:?$1 needs a number}; shift ;;
     --pods=*|--vas=*) vas=${1#*=} ;;
-    --pd-latency) pd_latency=${2:?--pd-latency needs a duration}; shift ;;
-    --pd-latency=*) pd_latency=${1#*=} ;;
+    --latency|--pd-latency) latency=${2:?$1 needs a duration}; shift ;;
+    --latency=*|--pd-latency=*) latency=${1#*=} ;;
     --keep-logs) keep=1 ;;
     --cluster-dir) cluster_arg=${2:?--cluster-dir needs a directory}; shift ;;
     --cluster-dir=*) cluster_arg=${1#*=} ;;
@@ -73,7 +76,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [[ $timeout =~ ^[0-9]+$ && $vas =~ ^[1-9][0-9]*$ ]] || { echo "demo: --timeout and --pods take whole numbers" >&2; exit 2; }
-[[ $pd_latency =~ ^[0-9]+(ms|s)$ ]] || { echo "demo: --pd-latency takes a duration such as 1s or 500ms" >&2; exit 2; }
+[[ $latency =~ ^[0-9]+(ms|s)$ ]] || { echo "demo: --latency takes a duration such as 1s or 500ms" >&2; exit 2; }
 
 say() { echo "demo: $*" >&2; }
 t_start=$(date +%s.%N)
@@ -107,12 +110,13 @@ stop() {
 
 k() { "$kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
-# demo_vas: "<driver> <name>" of every VolumeAttachment of the demo's drivers
-# (kube-controller-manager names them; they carry no label of the run).
+# demo_vas: "<driver> <node> <name>" of every VolumeAttachment of the demo's
+# drivers on the demo's Nodes (kube-controller-manager names them; they carry no
+# label of the run, and EBS's driver name is not the run's own).
 demo_vas() {
   [ "${#driver_names[@]}" -gt 0 ] || return 0
-  k get volumeattachments -o jsonpath='{range .items[*]}{.spec.attacher}{" "}{.metadata.name}{"\n"}{end}' 2>/dev/null \
-    | grep -F -f <(printf '%s \n' "${driver_names[@]}") || true
+  k get volumeattachments -o jsonpath='{range .items[*]}{.spec.attacher}{" "}{.spec.nodeName}{" "}{.metadata.name}{"\n"}{end}' 2>/dev/null \
+    | grep -F -f <(printf '%s demo-'"$run"'-node-\n' "${driver_names[@]}") || true
 }
 
 on_exit() {
@@ -157,7 +161,7 @@ on_exit() {
     # is left (the hub died early) loses its finalizers first.
     k -n default delete pods,pvc -l "$selector" --grace-period=0 --force \
       --ignore-not-found --wait=false >/dev/null 2>&1 || true
-    for o in $(demo_vas | awk '{print "volumeattachment/" $2}') \
+    for o in $(demo_vas | awk '{print "volumeattachment/" $3}') \
       $(k get persistentvolumes -l "$selector" -o name 2>/dev/null); do
       k patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
       k delete "$o" --ignore-not-found --wait=false >/dev/null 2>&1 || true
@@ -226,8 +230,10 @@ kubectl=$ATTACHER_TESTBINS/kubectl
 [ "$started_cluster" = 1 ] && say "control plane up at $ATTACHER_TEST_APISERVER in $(since "$t0")"
 
 # --- 3. drivers -------------------------------------------------------------------
-declare -A volume_ids driver_kind
+declare -A volume_ids driver_kind driver_of
+tags=(pd ebs rust)
 node_name() { echo "demo-$run-node-$1"; }
+ebs_instance() { echo "i-demo-$run-node-$1"; }
 # wait_ready TAG PID: waits for the driver's `ready` line.
 wait_ready() {
   local tag=$1 pid=$2 i
@@ -246,11 +252,15 @@ start_driver() {
       for ((i = 0; i < vas; i++)); do disks+=${disks:+,}demo-$run-pd-$i; done
       for ((n = 1; n <= nodes; n++)); do instances+=${instances:+,}$(node_name "$n"); done
       setsid "$ATTACHER_TESTBINS/pd-controller" --endpoint="$sock" --name="$name" \
-        --instances="$instances" --disks="$disks" --latency="$pd_latency" --jitter=0.2 -v=2 \
+        --instances="$instances" --disks="$disks" --latency="$latency" --jitter=0.2 -v=2 \
         </dev/null >"$tmp/$tag.out" 2>"$tmp/$tag.log" &
       ;;
-    go)
-      setsid "$ATTACHER_TESTBINS/mockcsi" --endpoint="$sock" --name="$name" --volumes="$vas" -v=2 \
+    ebs)
+      name=ebs.csi.aws.com
+      for ((i = 0; i < vas; i++)); do disks+=${disks:+,}vol-demo-$run-$i; done
+      for ((n = 1; n <= nodes; n++)); do instances+=${instances:+,}$(ebs_instance "$n"); done
+      setsid "$ATTACHER_TESTBINS/ebs-controller" --endpoint="$sock" \
+        --instances="$instances" --volumes="$disks" --latency="$latency" --jitter=0.2 -v=2 \
         </dev/null >"$tmp/$tag.out" 2>"$tmp/$tag.log" &
       ;;
     rust)
@@ -264,12 +274,11 @@ start_driver() {
     pd)
       volume_ids[$tag]=$(for ((i = 0; i < vas; i++)); do
         printf 'projects/test-project/zones/country-region-zone/disks/demo-%s-pd-%d ' "$run" "$i"; done)
-      driver_kind[$name]="GCE PD driver (fake cloud, ${pd_latency} per attach)"
+      driver_kind[$name]="GCE PD driver (fake cloud, ${latency} per attach)"
       ;;
-    go)
-      # mockcsi prints "vol-<i> <volume id>" per pre-created volume.
-      volume_ids[$tag]=$(awk '/^vol-/ {print $2}' "$tmp/$tag.out" | tr '\n' ' ')
-      driver_kind[$name]="Go mockcsi"
+    ebs)
+      volume_ids[$tag]=${disks//,/ }
+      driver_kind[$name]="AWS EBS driver (fake EC2, ${latency} per attach)"
       ;;
     rust)
       volume_ids[$tag]=$(for ((i = 0; i < vas; i++)); do printf 'vol-%d ' "$i"; done)
@@ -277,16 +286,15 @@ start_driver() {
       ;;
   esac
   driver_names+=("$name")
+  driver_of[$tag]=$name
   say "driver $name (${driver_kind[$name]}) serving unix://$sock"
 }
-start_driver pd pd
-start_driver rust rust
-start_driver go go
+for tag in "${tags[@]}"; do start_driver "$tag" "$tag"; done
 
 # --- 4. Kubernetes objects ----------------------------------------------------------
 # Nodes demo-<run>-node-<n> under the attach-detach controller, each with one
 # CSINode listing all three drivers (the PD driver's node ID names the
-# Node's instance; the Go mock knows a single node, named like the driver);
+# Node's instance, the EBS driver's is its EC2 instance ID, i-demo-<run>-node-<n>);
 # then per driver PODS PersistentVolumes, each with its claim (pre-bound: the
 # PV binder binds them) and a Pod using it, spread over the Nodes
 # (spec.nodeName: no scheduler runs). kube-controller-manager creates the
@@ -300,18 +308,18 @@ meta() { printf 'metadata:\n  name: %s\n  labels:\n    %s: "%s"\n' "$1" "$label"
     printf '  annotations:\n    volumes.kubernetes.io/controller-managed-attach-detach: "true"\n'
     printf -- '---\napiVersion: storage.k8s.io/v1\nkind: CSINode\n'; meta "$node"
     printf 'spec:\n  drivers:\n'
-    for tag in pd rust go; do
-      name=$tag.demo-$run.example.com
+    for tag in "${tags[@]}"; do
+      name=${driver_of[$tag]}
       case $tag in
         pd) node_id=projects/test-project/zones/country-region-zone/instances/$node ;;
-        go) node_id=$name ;;
+        ebs) node_id=$(ebs_instance "$n") ;;
         *) node_id=$node ;;
       esac
       printf '    - name: %s\n      nodeID: %s\n' "$name" "$node_id"
     done
   done
-  for tag in pd rust go; do
-    name=$tag.demo-$run.example.com i=0
+  for tag in "${tags[@]}"; do
+    name=${driver_of[$tag]} i=0
     for vol in ${volume_ids[$tag]}; do
       obj=demo-$run-$tag-$i node=$(node_name $(( i % nodes + 1 )))
       printf -- '---\napiVersion: v1\nkind: PersistentVolume\n'; meta "$obj"
@@ -336,9 +344,9 @@ say "  kube-controller-manager creates the VolumeAttachments; see them with: $ku
 
 # --- 5. attacher-hub --------------------------------------------------------------
 {
-  echo "# attacher-hub demo run $run: the PD driver and the two mocks"
+  echo "# attacher-hub demo run $run: the PD and EBS drivers and the Rust mock"
   echo "drivers:"
-  for tag in pd rust go; do echo "  - address: unix://$tmp/$tag.sock"; done
+  for tag in "${tags[@]}"; do echo "  - address: unix://$tmp/$tag.sock"; done
 } >"$tmp/drivers.yaml"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 hub_url=http://127.0.0.1:$port

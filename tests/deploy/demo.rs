@@ -1,6 +1,6 @@
 //! `make demo` end to end in its non-interactive mode: `scripts/demo.sh
-//! --until-attached` starts the GCE PD driver's controller on its fake cloud,
-//! one Rust mock, one Go mock and attacher-hub on the shared control plane
+//! --until-attached` starts the GCE PD and AWS EBS drivers' own controllers on
+//! their fake clouds, one Rust mock and attacher-hub on the shared control plane
 //! (with kube-controller-manager), creates Pods with claims for all three
 //! drivers (no VolumeAttachment: kube-controller-manager makes them) and exits
 //! once every Pod's volumes are attached, printing the Pods per driver and the
@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use support::Cluster;
+use support::ebs::EBS_DRIVER;
 
 /// Pods per driver (the demo's default).
 const PODS_PER_DRIVER: usize = 5;
@@ -25,6 +26,8 @@ const PODS_PER_DRIVER: usize = 5;
 #[test]
 fn demo_until_attached_creates_pods_and_prints_three_leading_drivers_with_every_pod_attached() {
     let cluster = Cluster::get();
+    // The demo serves `ebs.csi.aws.com`, whose name no other test may serve meanwhile.
+    let _ebs = support::ebs::driver_name_blocking();
     let cluster_dir = cluster
         .kubeconfig
         .parent()
@@ -77,7 +80,7 @@ fn demo_until_attached_creates_pods_and_prints_three_leading_drivers_with_every_
         assert!(row.len() >= 6, "unexpected row {row:?} in:\n{stdout}");
         let (driver, state, holder, queues, attached) = (row[0], row[1], row[2], row[3], row[4]);
         assert!(
-            driver.contains(".demo-"),
+            driver.contains(".demo-") || driver == EBS_DRIVER,
             "driver name {driver} in:\n{stdout}"
         );
         assert_eq!(state, "leading", "{driver} does not lead:\n{stdout}");
@@ -96,8 +99,7 @@ fn demo_until_attached_creates_pods_and_prints_three_leading_drivers_with_every_
             "{driver} has not every VA attached:\n{stdout}"
         );
     }
-    // The drivers: the PD controller, one Rust mock and one Go mock, as
-    // announced on stderr.
+    // The drivers: the PD and EBS controllers and one Rust mock, as announced on stderr.
     let mut kinds: Vec<&str> = rows
         .iter()
         .map(|row| {
@@ -105,8 +107,8 @@ fn demo_until_attached_creates_pods_and_prints_three_leading_drivers_with_every_
                 .lines()
                 .find(|l| l.contains(&format!("driver {} (", row[0])))
                 .unwrap_or_else(|| panic!("driver {} not announced:\n{stderr}", row[0]));
-            if announced.contains("(Go mockcsi)") {
-                "mockcsi"
+            if announced.contains("(AWS EBS driver") {
+                "ebs-controller"
             } else if announced.contains("(GCE PD driver") {
                 "pd-controller"
             } else {
@@ -117,8 +119,8 @@ fn demo_until_attached_creates_pods_and_prints_three_leading_drivers_with_every_
     kinds.sort_unstable();
     assert_eq!(
         kinds,
-        ["mock-csi-driver", "mockcsi", "pd-controller"],
-        "the PD driver, one Rust mock and one Go mock expected:\n{stderr}"
+        ["ebs-controller", "mock-csi-driver", "pd-controller"],
+        "the PD and EBS drivers and one Rust mock expected:\n{stderr}"
     );
     let total = 3 * PODS_PER_DRIVER;
     assert!(

@@ -6,14 +6,20 @@
 //!
 //! The driver's name is fixed (`ebs.csi.aws.com`, a constant of the driver,
 //! also the name in-tree `awsElasticBlockStore` volumes migrate to), so two
-//! attachers cannot serve two EBS controllers in one cluster at the same time.
+//! attachers cannot serve two EBS controllers in one cluster at the same time:
+//! every attacher watches all VolumeAttachments of its driver, whatever the
+//! namespace of its Lease. A test that serves the driver holds [`driver_name`]
+//! while it does ([`EbsController::start`] takes it), so that the tests of one
+//! test binary take turns; the binaries themselves run one after the other.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::Deserialize;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::local::http_request;
 use super::{Cluster, DriverProcess};
@@ -132,6 +138,24 @@ pub(crate) struct EbsCall {
     pub(crate) end_ms: i64,
 }
 
+/// The use of the name `ebs.csi.aws.com` in the shared cluster, held by one test at a time.
+pub(crate) type DriverName = OwnedMutexGuard<()>;
+
+fn driver_name_lock() -> Arc<Mutex<()>> {
+    static LOCK: OnceLock<Arc<Mutex<()>>> = OnceLock::new();
+    LOCK.get_or_init(|| Arc::new(Mutex::new(()))).clone()
+}
+
+/// Waits until no other test of this process serves `ebs.csi.aws.com`, then holds the name.
+pub(crate) async fn driver_name() -> DriverName {
+    driver_name_lock().lock_owned().await
+}
+
+/// [`driver_name`] for a test outside an async runtime.
+pub(crate) fn driver_name_blocking() -> DriverName {
+    driver_name_lock().blocking_lock_owned()
+}
+
 /// A running `ebs-controller`.
 #[derive(Debug)]
 pub(crate) struct EbsController {
@@ -139,11 +163,14 @@ pub(crate) struct EbsController {
     pub(crate) process: DriverProcess,
     /// Its test endpoint.
     http: SocketAddr,
+    /// The driver's name, this test's until the controller is dropped.
+    _name: DriverName,
 }
 
 impl EbsController {
     /// Starts `ebs-controller` and waits for its `ready` line.
     pub(crate) async fn start(cluster: &Cluster, opts: EbsOptions) -> EbsController {
+        let name = driver_name().await;
         let program = cluster.bin("ebs-controller");
         let mut process = DriverProcess::start("ebs-controller", &program, move |socket| {
             let mut args = vec![
@@ -170,7 +197,11 @@ impl EbsController {
             .find_map(|l| l.strip_prefix("http "))
             .and_then(|a| a.trim().parse().ok())
             .unwrap_or_else(|| panic!("ebs-controller printed no `http <address>` line"));
-        EbsController { process, http }
+        EbsController {
+            process,
+            http,
+            _name: name,
+        }
     }
 
     /// Path of the driver's socket.
