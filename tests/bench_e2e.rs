@@ -1,6 +1,6 @@
 //! `make bench`'s end-to-end configuration: Pods through kube-controller-manager
-//! to the GCE PD driver's controller with a cloud-like latency, attacher-hub
-//! against the Go fleet (see `bench/e2e.rs`). Not part of `cargo test`
+//! to the GCE PD and AWS EBS drivers' controllers with a cloud-like latency,
+//! attacher-hub against the Go fleet (see `bench/e2e.rs`). Not part of `cargo test`
 //! (ignored); `tests/bench/run.sh` runs it after the main benchmark, with
 //! kube-controller-manager started on the benchmark's control plane, and
 //! writes the report to `target/bench-e2e-report.md`.

@@ -1,9 +1,10 @@
 //! `make bench`'s end-to-end configuration: Pods through
-//! kube-controller-manager to the GCE PD driver's own controller service on
-//! its fake cloud, with a cloud-like publish latency (1 s ± 20 % by default),
-//! served by one attacher-hub (hub mode) or by the Go fleet (one
-//! external-attacher v4.13.0 per driver), with the same flags: those of the
-//! PD driver's own Deployment for its attacher (`--v=5 --timeout=250s
+//! kube-controller-manager to two real vendors' controllers, the GCE PD
+//! driver's and the AWS EBS driver's own controller services on their fake
+//! clouds, with a cloud-like publish latency (1 s ± 20 % by default), served
+//! by one attacher-hub (hub mode) or by the Go fleet (one external-attacher
+//! v4.13.0 per driver: two sidecars), with the same flags: those of the PD
+//! driver's own Deployment for its attacher (`--v=5 --timeout=250s
 //! --leader-election`, QPS 5 / burst 10 by default).
 //!
 //! What a user waits for is measured: from creating a Pod to its volume in
@@ -14,8 +15,10 @@
 //! each on fresh drivers, Nodes and volumes; the report gives the median of
 //! the runs' p50 and p99.
 //!
-//! Sizes: `BENCH_E2E_PODS` (60), `BENCH_E2E_DRIVERS` (3), `BENCH_E2E_NODES`
-//! (4), `BENCH_E2E_LATENCY_MS` (1000), `BENCH_E2E_REPEATS` (5: one run's
+//! Sizes: `BENCH_E2E_PODS` (60), `BENCH_E2E_PD_DRIVERS` (1: PD controllers,
+//! each its own driver name), `BENCH_E2E_EBS` (1: with the EBS controller; 0
+//! without, whose driver name is fixed so there is at most one),
+//! `BENCH_E2E_NODES` (4), `BENCH_E2E_LATENCY_MS` (1000), `BENCH_E2E_REPEATS` (5: one run's
 //! p99 moves by about 0.3 s with kube-controller-manager's pace, and the
 //! median of three could not tell two contenders 1 % apart),
 //! `BENCH_E2E_TIMEOUT_SECS` (300).
@@ -34,6 +37,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 
 use crate::peers::{Attacher, start_attachers};
+use crate::support::ebs::{EBS_DRIVER, EBS_TOPOLOGY_KEYS, EBS_ZONE, EbsController, EbsOptions};
 use crate::support::{
     Cluster, NAMESPACE, NodeDriver, PD_TOPOLOGY_KEY, PD_ZONE, PdController, PdOptions, PodVolume,
     Source, StaticVolume, controller_manager, create_csinode_with, create_managed_node, create_pod,
@@ -75,7 +79,8 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 #[derive(Clone, Debug)]
 pub(crate) struct Knobs {
     pods: usize,
-    drivers: usize,
+    pd_drivers: usize,
+    ebs: bool,
     nodes: usize,
     latency: Duration,
     repeats: usize,
@@ -84,15 +89,102 @@ pub(crate) struct Knobs {
 
 impl Knobs {
     pub(crate) fn from_env() -> Knobs {
-        Knobs {
+        let k = Knobs {
             pods: env_or("BENCH_E2E_PODS", 60usize).max(1),
-            drivers: env_or("BENCH_E2E_DRIVERS", 3usize).max(1),
+            pd_drivers: env_or("BENCH_E2E_PD_DRIVERS", 1usize),
+            ebs: env_or("BENCH_E2E_EBS", 1u8) != 0,
             nodes: env_or("BENCH_E2E_NODES", 4usize).max(1),
             latency: Duration::from_millis(env_or("BENCH_E2E_LATENCY_MS", 1000)),
             repeats: env_or("BENCH_E2E_REPEATS", 5usize).max(1),
             timeout: Duration::from_secs(env_or("BENCH_E2E_TIMEOUT_SECS", 300)),
+        };
+        assert!(
+            k.drivers() > 0,
+            "BENCH_E2E_PD_DRIVERS=0 and BENCH_E2E_EBS=0 leave no driver"
+        );
+        k
+    }
+
+    fn drivers(&self) -> usize {
+        self.pd_drivers + usize::from(self.ebs)
+    }
+}
+
+/// One vendor's controller on its fake cloud, as the run uses it.
+enum Vendor {
+    Pd(PdController),
+    Ebs(EbsController),
+}
+
+impl Vendor {
+    fn driver(&self) -> &str {
+        match self {
+            Vendor::Pd(pd) => &pd.driver,
+            Vendor::Ebs(_) => EBS_DRIVER,
         }
     }
+
+    fn socket(&self) -> &std::path::Path {
+        match self {
+            Vendor::Pd(pd) => pd.socket(),
+            Vendor::Ebs(ebs) => ebs.socket(),
+        }
+    }
+
+    /// The driver's node ID of Node `node`: PD's instance path, EBS's instance ID.
+    fn node_id(&self, node: &str) -> String {
+        match self {
+            Vendor::Pd(_) => PdController::node_id(node),
+            Vendor::Ebs(_) => ebs_instance(node),
+        }
+    }
+
+    /// The CSINode entry of Node `node` for the driver, with its zone topology keys.
+    fn node_driver(&self, node: &str) -> NodeDriver {
+        let entry = NodeDriver::new(self.driver(), &self.node_id(node));
+        match self {
+            Vendor::Pd(_) => entry.topology_key(PD_TOPOLOGY_KEY),
+            Vendor::Ebs(_) => EBS_TOPOLOGY_KEYS
+                .iter()
+                .fold(entry, |e, key| e.topology_key(key)),
+        }
+    }
+
+    /// The CSI volume ID of disk `disk`.
+    fn volume_id(&self, disk: &str) -> String {
+        match self {
+            Vendor::Pd(_) => PdController::volume_id(disk),
+            Vendor::Ebs(_) => ebs_volume(disk),
+        }
+    }
+
+    /// (method, gRPC code) of every Controller(Un)PublishVolume call answered.
+    async fn calls(&self) -> Vec<(String, String)> {
+        match self {
+            Vendor::Pd(pd) => pd
+                .calls()
+                .await
+                .into_iter()
+                .map(|c| (c.method, c.code))
+                .collect(),
+            Vendor::Ebs(ebs) => ebs
+                .calls()
+                .await
+                .into_iter()
+                .map(|c| (c.method, c.code))
+                .collect(),
+        }
+    }
+}
+
+/// The EBS volume ID of disk `disk`.
+fn ebs_volume(disk: &str) -> String {
+    format!("vol-{disk}")
+}
+
+/// The EC2 instance ID of Node `node`.
+fn ebs_instance(node: &str) -> String {
+    format!("i-{node}")
 }
 
 /// One run's measurements.
@@ -197,46 +289,56 @@ struct Seen {
 async fn run_once(cluster: &'static Cluster, k: &Knobs, which: Attacher, repeat: usize) -> Sample {
     let client = cluster.client().await;
     let run = format!("e2e{}{repeat}{}", std::process::id() % 1000, which.tag());
-    let drivers: Vec<String> = (0..k.drivers)
-        .map(|d| format!("{run}-{d}.pd.csi.test"))
-        .collect();
     let nodes: Vec<String> = (0..k.nodes).map(|n| format!("{run}-n{n}")).collect();
     // Pod i: driver i % D, Node i % N, its own disk and claim.
     let pods: Vec<(String, usize, usize)> = (0..k.pods)
-        .map(|i| (format!("{run}-p{i}"), i % k.drivers, i % k.nodes))
+        .map(|i| (format!("{run}-p{i}"), i % k.drivers(), i % k.nodes))
         .collect();
     let disk = |i: usize| format!("{run}-d{i}");
-
-    let mut pds = Vec::new();
-    for (d, driver) in drivers.iter().enumerate() {
-        let disks = (0..k.pods)
-            .filter(|i| i % k.drivers == d)
+    let disks_of = |d: usize| -> Vec<String> {
+        (0..k.pods)
+            .filter(|i| i % k.drivers() == d)
             .map(disk)
-            .collect();
-        pds.push(
-            PdController::start(
-                cluster,
-                driver,
-                PdOptions {
-                    instances: nodes.clone(),
-                    disks,
-                    latency: Some(k.latency),
-                },
-            )
-            .await,
-        );
-    }
-    for node in &nodes {
-        create_managed_node(
-            &client,
-            node,
-            &[(PD_TOPOLOGY_KEY, PD_ZONE), (RUN_LABEL, &run)],
+            .collect()
+    };
+
+    let mut vendors = Vec::new();
+    for d in 0..k.pd_drivers {
+        let pd = PdController::start(
+            cluster,
+            &format!("{run}-{d}.pd.csi.test"),
+            PdOptions {
+                instances: nodes.clone(),
+                disks: disks_of(d),
+                latency: Some(k.latency),
+            },
         )
         .await;
-        let entries: Vec<NodeDriver> = drivers
-            .iter()
-            .map(|d| NodeDriver::new(d, &PdController::node_id(node)).topology_key(PD_TOPOLOGY_KEY))
-            .collect();
+        vendors.push(Vendor::Pd(pd));
+    }
+    if k.ebs {
+        let ebs = EbsController::start(
+            cluster,
+            EbsOptions {
+                instances: nodes.iter().map(|n| ebs_instance(n)).collect(),
+                volumes: disks_of(k.pd_drivers)
+                    .iter()
+                    .map(|d| ebs_volume(d))
+                    .collect(),
+                latency: Some(k.latency),
+            },
+        )
+        .await;
+        vendors.push(Vendor::Ebs(ebs));
+    }
+    let drivers: Vec<String> = vendors.iter().map(|v| v.driver().to_string()).collect();
+    for node in &nodes {
+        let mut labels = vec![(PD_TOPOLOGY_KEY, PD_ZONE), (RUN_LABEL, run.as_str())];
+        if k.ebs {
+            labels.extend(EBS_TOPOLOGY_KEYS.iter().map(|key| (*key, EBS_ZONE)));
+        }
+        create_managed_node(&client, node, &labels).await;
+        let entries: Vec<NodeDriver> = vendors.iter().map(|v| v.node_driver(node)).collect();
         create_csinode_with(&client, node, &entries).await;
     }
     let volumes: Vec<StaticVolume> = pods
@@ -245,7 +347,7 @@ async fn run_once(cluster: &'static Cluster, k: &Knobs, which: Attacher, repeat:
         .map(|(i, (name, d, _))| {
             StaticVolume::new(
                 name,
-                Source::csi(&drivers[*d], &PdController::volume_id(&disk(i))),
+                Source::csi(&drivers[*d], &vendors[*d].volume_id(&disk(i))),
             )
         })
         .collect();
@@ -262,9 +364,9 @@ async fn run_once(cluster: &'static Cluster, k: &Knobs, which: Attacher, repeat:
     )
     .await;
 
-    let sockets: Vec<(String, std::path::PathBuf)> = pds
+    let sockets: Vec<(String, std::path::PathBuf)> = vendors
         .iter()
-        .map(|p| (p.driver.clone(), p.socket().to_path_buf()))
+        .map(|v| (v.driver().to_string(), v.socket().to_path_buf()))
         .collect();
     let mut attachers = start_attachers(
         cluster,
@@ -374,9 +476,9 @@ async fn run_once(cluster: &'static Cluster, k: &Knobs, which: Attacher, repeat:
         detach_wall,
         ..Sample::default()
     };
-    for pd in &pds {
-        for c in pd.calls().await {
-            match (c.method.as_str(), c.code.as_str()) {
+    for vendor in &vendors {
+        for (method, code) in vendor.calls().await {
+            match (method.as_str(), code.as_str()) {
                 ("ControllerPublishVolume", "OK") => sample.publishes += 1,
                 ("ControllerUnpublishVolume", "OK") => sample.unpublishes += 1,
                 _ => sample.refused += 1,
@@ -575,18 +677,20 @@ fn report(k: &Knobs, samples: &BTreeMap<&'static str, Vec<Sample>>) -> String {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## End to end: Pods through kube-controller-manager (PD controller, {} ms ± 20 % per attach/detach)\n",
+        "## End to end: Pods through kube-controller-manager ({}, {} ms ± 20 % per attach/detach)\n",
+        vendors_text(k),
         k.latency.as_millis()
     );
     let _ = writeln!(
         md,
-        "{} Pods (one claim each) created at once over {} Nodes and {} PD drivers, then deleted at once; \
+        "{} Pods (one claim each) created at once over {} Nodes and {} drivers ({}: one Go sidecar each, one attacher-hub for all), then deleted at once; \
          {} runs per contender, alternating; flags of the PD Deployment's attacher ({}). \
          Attach: Pod created → volume in `node.status.volumesAttached`; detach: Pod deleted → its VolumeAttachment gone. \
          Medians over runs of each run's quantile.\n",
         k.pods,
         k.nodes,
-        k.drivers,
+        k.drivers(),
+        vendors_text(k),
         k.repeats,
         FLAGS.join(" ")
     );
@@ -645,6 +749,17 @@ fn report(k: &Knobs, samples: &BTreeMap<&'static str, Vec<Sample>>) -> String {
         );
     }
     md
+}
+
+/// The vendors' controllers of the run, in words.
+fn vendors_text(k: &Knobs) -> String {
+    let pd = match k.pd_drivers {
+        0 => None,
+        1 => Some("the PD controller".to_string()),
+        n => Some(format!("{n} PD controllers")),
+    };
+    let ebs = k.ebs.then(|| "the EBS controller".to_string());
+    pd.into_iter().chain(ebs).collect::<Vec<_>>().join(" and ")
 }
 
 /// Writes the report next to the main one.
