@@ -1,4 +1,4 @@
-//! The chart's defaults harm nothing (issue 39, item 2): `helm install` with no values file,
+//! The chart's defaults harm nothing: `helm install` with no values file,
 //! as README and docs/deploy.md write it, on two nodes of the pool that also run the GCE PD
 //! driver's node plugin, run by the pod runner (tests/pods).
 //!

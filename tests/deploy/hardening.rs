@@ -1,4 +1,4 @@
-//! Security and availability details of every shipped shape (issue 39, item 5), each checked on
+//! Security and availability details of every shipped shape, each checked on
 //! the objects the real tools render (kubectl's kustomize, Helm 4 and 3, the post-renderer)
 //! and, where the API server decides, by the API server:
 //!
