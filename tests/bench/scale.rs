@@ -171,6 +171,8 @@ pub(crate) struct ObjectPoint {
     pub(crate) pairs: usize,
     /// Idle RSS (MiB).
     pub(crate) idle_rss: f64,
+    /// Peak RSS (VmHWM, MiB): the start-up, when the caches fill, included.
+    pub(crate) peak_rss: f64,
 }
 
 /// One cold start at scale.
@@ -398,12 +400,13 @@ pub(crate) async fn objects_sweep(cluster: &Cluster, k: &ScaleKnobs, out: &mut S
         for contender in [Contender::Hub, Contender::Fleet] {
             let s = scenario::run(cluster, contender, &spec).await;
             eprintln!(
-                "bench: scale-objects {level} {contender:?}: idle {:.1} MiB",
-                s.idle_rss
+                "bench: scale-objects {level} {contender:?}: idle {:.1} MiB, peak {:.1} MiB",
+                s.idle_rss, s.peak_rss
             );
             out.objects.entry(contender).or_default().push(ObjectPoint {
                 pairs: level,
                 idle_rss: s.idle_rss,
+                peak_rss: s.peak_rss,
             });
         }
     }

@@ -236,8 +236,8 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
         );
         let _ = writeln!(
             md,
-            "| extra VAs + PVs | hub RSS (MiB) | hub bytes/object | Go sidecar RSS (MiB) | Go bytes/object | hub / Go (RSS) | hub / Go (bytes/object) |\n\
-             |---|---|---|---|---|---|---|"
+            "| extra VAs + PVs | hub RSS (MiB) | hub peak RSS (MiB) | hub bytes/object | Go sidecar RSS (MiB) | Go peak RSS (MiB) | Go bytes/object | hub / Go (RSS) | hub / Go (bytes/object) |\n\
+             |---|---|---|---|---|---|---|---|---|"
         );
         let hub = r.objects.get(&Contender::Hub).cloned().unwrap_or_default();
         let go = r
@@ -252,12 +252,14 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
             let gb = g.and_then(|g| base(&go).and_then(|b| bytes_per_object(&b, g)));
             let _ = writeln!(
                 md,
-                "| {} + {} | {:.1} | {} | {} | {} | {} | {} |",
+                "| {} + {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
                 h.pairs,
                 h.pairs,
                 h.idle_rss,
+                h.peak_rss,
                 opt(hb, 0),
                 opt(g.map(|g| g.idle_rss), 1),
+                opt(g.map(|g| g.peak_rss), 1),
                 opt(gb, 0),
                 show_ratio(ratio(Some(h.idle_rss), g.map(|g| g.idle_rss))),
                 show_ratio(ratio(hb, gb)),
