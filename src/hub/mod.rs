@@ -265,11 +265,17 @@ fn start_watches(
         registry,
         pvs: OnceLock::new(),
     });
+    let initial = std::env::var(router::InitialList::ENV).ok();
+    let initial = router::InitialList::from_env(initial.as_deref()).unwrap_or_else(|err| {
+        tracing::warn!(err, "ignored");
+        router::InitialList::Streaming
+    });
+    tracing::debug!(?initial, "initial lists of the shared watches");
     let (stores, watches) = router::start(
         clients.client.clone(),
         clients.cluster_url.clone(),
         dispatch.clone(),
-        resync,
+        (resync, initial),
         stop,
     );
     // No event flows before `watches` is spawned.

@@ -39,6 +39,64 @@ pub trait Route: Send + Sync + 'static {
     fn pv_applied(&self, pv: &Pv);
 }
 
+/// How the three watches get the state they start from (and start again from, after a watch
+/// could not resume).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitialList {
+    /// A watch that sends the current objects first (`sendInitialEvents=true`, ended by a
+    /// bookmark marked `k8s.io/initial-events-end`): the API server serves them from its watch
+    /// cache one by one, never building a LIST response. client-go's informers do this by
+    /// default since v0.35 (its `WatchListClient` feature), and so external-attacher v4.13.0.
+    /// A server that refuses it (the feature off, or too old to know the parameters) gets a
+    /// paginated list instead, from then on, as client-go falls back.
+    Streaming,
+    /// A LIST in pages of 500, then a watch from its resource version.
+    Paginated,
+}
+
+impl InitialList {
+    /// The environment variable client-go reads for the same choice: `false` (or `0`, `f`,
+    /// ...: Go's `strconv.ParseBool`) gives [`Paginated`](Self::Paginated), so an operator
+    /// who turned streaming lists off for the Go sidecar has them off for attacher-hub too.
+    pub const ENV: &'static str = "KUBE_FEATURE_WatchListClient";
+
+    /// The choice of [`ENV`](Self::ENV)'s value: streaming unless it is a false boolean;
+    /// a value that is no boolean is named in the error (client-go warns and keeps its
+    /// default, which is what the caller does with it).
+    pub fn from_env(value: Option<&str>) -> Result<Self, String> {
+        match value {
+            None => Ok(Self::Streaming),
+            Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(Self::Streaming),
+            Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(Self::Paginated),
+            Some(other) => Err(format!(
+                "{}={other:?} is not a boolean (true or false); streaming lists stay on",
+                Self::ENV
+            )),
+        }
+    }
+
+    fn config(self) -> watcher::Config {
+        let config = watcher::Config::default()
+            .timeout(u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX));
+        match self {
+            Self::Streaming => config.streaming_lists(),
+            Self::Paginated => config,
+        }
+    }
+}
+
+/// Whether `error` is the API server refusing a streaming list's parameters (400 Bad Request
+/// or 422 Invalid: the WatchList feature is off, or the server predates it), rather than a
+/// failure that a retry of the same request may get past.
+fn refuses_streaming(error: &watcher::Error) -> bool {
+    matches!(
+        error,
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+            | watcher::Error::WatchFailed(kube::Error::Api(status))
+            if status.code == 400 || status.code == 422
+    )
+}
+
 /// Starts the three watches and the resync timer. Returns the stores at once;
 /// they fill in the background. The tasks end when `shutdown` is cancelled;
 /// the returned future resolves when all of them have ended.
@@ -46,7 +104,7 @@ pub fn start(
     client: Client,
     server: String,
     route: Arc<dyn Route>,
-    resync: Duration,
+    (resync, initial): (Duration, InitialList),
     shutdown: &CancellationToken,
 ) -> (
     Stores,
@@ -69,7 +127,7 @@ pub fn start(
             Api::<VolumeAttachment>::all(client.clone()),
             Mirror::new(stores.vas.clone(), Some(va_listed)),
             move |change| route_va(&*route, change),
-            server.clone(),
+            (server.clone(), initial),
             shutdown.clone(),
         )
         .instrument(tracing::info_span!("watch", kind = "VolumeAttachment"))
@@ -80,7 +138,7 @@ pub fn start(
             Api::<PersistentVolume>::all(client.clone()),
             Mirror::new(stores.pvs.clone(), Some(pv_listed)),
             move |change| route_pv(&*route, change),
-            server.clone(),
+            (server.clone(), initial),
             shutdown.clone(),
         )
         .instrument(tracing::info_span!("watch", kind = "PersistentVolume"))
@@ -89,7 +147,7 @@ pub fn start(
         Api::<CSINode>::all(client),
         Mirror::<CsiNode>::new(stores.csinodes.clone(), None),
         |_| {},
-        server,
+        (server, initial),
         shutdown.clone(),
     )
     .instrument(tracing::info_span!("watch", kind = "CSINode"));
@@ -192,7 +250,7 @@ async fn run_watch<K, T, F>(
     api: Api<K>,
     mut mirror: Mirror<T>,
     on_change: F,
-    server: String,
+    (server, mut initial): (String, InitialList),
     shutdown: CancellationToken,
 ) where
     K: Resource<DynamicType = ()>
@@ -205,12 +263,10 @@ async fn run_watch<K, T, F>(
     T: Cached + From<K>,
     F: Fn(Change<T>),
 {
-    let config = watcher::Config::default()
-        .timeout(u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX));
-    let stream = watcher(api, config).backoff(WatchBackoff::default());
-    let mut stream: std::pin::Pin<
-        Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
-    > = Box::pin(stream);
+    let start = |initial: InitialList| -> WatchStream<K> {
+        Box::pin(watcher(api.clone(), initial.config()).backoff(WatchBackoff::default()))
+    };
+    let mut stream = start(initial);
     let mut log = WatchLog::of::<K>();
     loop {
         let next = tokio::select! {
@@ -226,11 +282,22 @@ async fn run_watch<K, T, F>(
                 }
                 mirror.apply(lean_event(event), &on_change);
             }
+            Some(Err(error)) if initial == InitialList::Streaming && refuses_streaming(&error) => {
+                let err = crate::api_error::one_line(&error, None);
+                tracing::info!(%server, err, "the API server refuses streaming lists; listing in pages from now on");
+                initial = InitialList::Paginated;
+                // The new watcher starts with `Init`: the mirror drops what it had buffered.
+                stream = start(initial);
+            }
             Some(Err(error)) => log.failed(&server, &error),
             None => return,
         }
     }
 }
+
+/// One watch's events as kube's watcher gives them.
+type WatchStream<K> =
+    std::pin::Pin<Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>>;
 
 /// `event` with its object turned into the lean copy the store keeps.
 fn lean_event<K, T: From<K>>(event: watcher::Event<K>) -> watcher::Event<T> {
@@ -462,6 +529,99 @@ mod tests {
     use std::cell::RefCell;
 
     use super::*;
+
+    #[test]
+    fn the_initial_list_follows_client_gos_switch_and_names_a_bad_value() {
+        assert_eq!(InitialList::from_env(None), Ok(InitialList::Streaming));
+        for on in ["true", "1", "T"] {
+            assert_eq!(InitialList::from_env(Some(on)), Ok(InitialList::Streaming));
+        }
+        for off in ["false", "0", "F", "FALSE"] {
+            assert_eq!(InitialList::from_env(Some(off)), Ok(InitialList::Paginated));
+        }
+        let err = InitialList::from_env(Some("no")).expect_err("not a Go boolean");
+        assert!(err.contains("KUBE_FEATURE_WatchListClient=\"no\""), "{err}");
+    }
+
+    /// An API server that refuses `sendInitialEvents` (422, as one with the WatchList feature
+    /// off answers): the watch falls back to a LIST, fills its store from it, and never asks
+    /// for a streaming list again. One that accepts it is never sent a LIST.
+    #[tokio::test]
+    async fn a_server_refusing_streaming_lists_gets_a_paginated_list_instead() {
+        for refuses in [true, false] {
+            let requests: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
+            let seen = requests.clone();
+            let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+                let query = req.uri().query().unwrap_or_default().to_string();
+                seen.lock().push(query.clone());
+                async move {
+                    let va = |name: &str| {
+                        serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+                            "metadata": {"name": name, "resourceVersion": "7"},
+                            "spec": {"attacher": "d", "nodeName": "n", "source": {"persistentVolumeName": name}}})
+                    };
+                    let (code, body) = if !query.contains("watch=true") {
+                        (200, serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+                            "metadata": {"resourceVersion": "7"}, "items": [va("listed")]}).to_string())
+                    } else if query.contains("sendInitialEvents=true") && refuses {
+                        (422, serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                            "reason": "Invalid", "code": 422,
+                            "message": "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"}).to_string())
+                    } else if query.contains("sendInitialEvents=true") {
+                        let added = serde_json::json!({"type": "ADDED", "object": va("streamed")});
+                        let mut end = va("");
+                        end["metadata"]["annotations"] =
+                            serde_json::json!({"k8s.io/initial-events-end": "true"});
+                        let bookmark = serde_json::json!({"type": "BOOKMARK", "object": end});
+                        (200, format!("{added}\n{bookmark}\n"))
+                    } else {
+                        // The watch after the list: nothing happens before the test ends.
+                        std::future::pending::<()>().await;
+                        unreachable!()
+                    };
+                    let mut resp = http::Response::new(kube::client::Body::from(body.into_bytes()));
+                    *resp.status_mut() = http::StatusCode::from_u16(code).expect("a status code");
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            let client = Client::new(svc, "default");
+            let store: Store<Va> = Store::default();
+            let (listed_tx, listed) = oneshot::channel();
+            let shutdown = CancellationToken::new();
+            let task = tokio::spawn(run_watch(
+                Api::<VolumeAttachment>::all(client),
+                Mirror::new(store.clone(), Some(listed_tx)),
+                |_| {},
+                ("https://fake".to_string(), InitialList::Streaming),
+                shutdown.clone(),
+            ));
+            tokio::time::timeout(Duration::from_secs(10), listed)
+                .await
+                .expect("the store filled within 10 s")
+                .expect("the watch ran");
+            let expected = if refuses { "listed" } else { "streamed" };
+            assert!(
+                store.get(expected).is_some(),
+                "refuses {refuses}: {expected} cached"
+            );
+            shutdown.cancel();
+            task.await.expect("the watch ends on shutdown");
+            let requests = requests.lock().clone();
+            let lists = requests
+                .iter()
+                .filter(|q| !q.contains("watch=true"))
+                .count();
+            let streams = requests
+                .iter()
+                .filter(|q| q.contains("sendInitialEvents=true"))
+                .count();
+            if refuses {
+                assert_eq!((lists, streams), (1, 1), "{requests:#?}");
+            } else {
+                assert_eq!((lists, streams), (0, 1), "{requests:#?}");
+            }
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn watch_backoff_grows_to_its_cap_jittered_upward_and_starts_over_after_a_quiet_spell() {

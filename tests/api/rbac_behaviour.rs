@@ -6,7 +6,10 @@
 //! secret), takes, renews, hands over and releases its Leases, counts its replicas, asks the
 //! cross-namespace Lease guard and shuts down. The API server's audit log (scripts/cluster-up.sh
 //! logs every ServiceAccount's requests) then says which requests the mode made: verb, API
-//! group, resource and subresource, and namespace or cluster scope.
+//! group, resource and subresource, and namespace or cluster scope. The first replica of each
+//! mode gets its watches' first state by paginated LISTs (streaming lists off), the second by
+//! streaming lists (the default; a watch), so that the RBAC serves both, and the fallback
+//! from one to the other.
 //!
 //! Every shipped RBAC (the kustomize overlays with their components, and the Helm chart in each
 //! shape) must grant each request of the modes it is for, to the ServiceAccount its workload
@@ -197,7 +200,23 @@ struct Replica {
     port: u16,
 }
 
-fn start_replica(label: &str, kubeconfig: &Path, ns: &str, host: &str, args: &[String]) -> Replica {
+/// How a replica gets its watches' first state: streamed by the API server (the default) or
+/// listed in pages (`KUBE_FEATURE_WatchListClient=false`, and what the hub falls back to where
+/// the API server refuses streaming lists). The first replica of each mode lists, the second
+/// streams, so that the RBAC is checked against both.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum InitialList {
+    Paginated,
+    Streaming,
+}
+
+fn start_replica(
+    label: &str,
+    kubeconfig: &Path,
+    ns: &str,
+    host: &str,
+    (args, initial): (&[String], InitialList),
+) -> Replica {
     let port = free_port();
     let mut all = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
@@ -214,6 +233,9 @@ fn start_replica(label: &str, kubeconfig: &Path, ns: &str, host: &str, args: &[S
     let mut cmd =
         support::under_hostname(host, Path::new(env!("CARGO_BIN_EXE_attacher-hub")), &all);
     cmd.env("POD_NAMESPACE", ns);
+    if initial == InitialList::Paginated {
+        cmd.env("KUBE_FEATURE_WatchListClient", "false");
+    }
     Replica {
         process: ChildProcess::spawn(label, cmd),
         port,
@@ -451,7 +473,7 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
             &kubeconfig,
             &ns,
             &format!("{ns}-1"),
-            &args,
+            (&args, InitialList::Paginated),
         );
         first
             .wait_leading(drivers.len(), Duration::from_secs(30))
@@ -469,7 +491,7 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
                 &kubeconfig,
                 &ns,
                 &format!("{ns}-2"),
-                &args,
+                (&args, InitialList::Streaming),
             );
             second
                 .wait_leading(1, Duration::from_secs(30))
@@ -509,6 +531,30 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
     );
     if let Err(why) = outcome {
         panic!("{mode:?} mode did not go through its steps: {why}");
+    }
+    // Both ways of getting the watches' first state went to the API server: pages of a LIST
+    // (replica 1) and, where a second replica ran, a watch that streams the current objects.
+    let uris: Vec<String> = support::audit_events(&user)
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] == "volumeattachments")
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["verb"].as_str().unwrap_or_default(),
+                e["requestURI"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        uris.iter().any(|u| u.starts_with("list ")),
+        "{mode:?}: no LIST of VolumeAttachments with streaming lists off: {uris:#?}"
+    );
+    if replicas > 1 {
+        assert!(
+            uris.iter()
+                .any(|u| u.starts_with("watch ") && u.contains("sendInitialEvents=true")),
+            "{mode:?}: no streaming list of VolumeAttachments: {uris:#?}"
+        );
     }
     audited(&user, &ns)
 }
