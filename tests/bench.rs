@@ -31,6 +31,8 @@
 mod hub;
 mod support;
 
+#[path = "bench/control_plane.rs"]
+mod control_plane;
 #[path = "bench/plot.rs"]
 mod plot;
 #[path = "bench/report.rs"]

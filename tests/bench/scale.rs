@@ -41,6 +41,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::process::Command;
 
+use crate::control_plane::{self, Baseline, Plane, Window};
 use crate::hub::create_node_with_drivers;
 use crate::report::median;
 use crate::scenario::{self, Contender, RunSpec, Sample, Workload};
@@ -194,6 +195,17 @@ pub(crate) struct StartupSample {
     pub(crate) startup_cpu: f64,
     /// Idle CPU (millicores) after the start-up.
     pub(crate) idle_cpu_millicores: f64,
+    /// What the start-up (until synced and idle) cost the API server and etcd.
+    pub(crate) plane: control_plane::Cost,
+}
+
+/// How a hub's watches get their first state at start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Lists {
+    /// Streaming lists (`sendInitialEvents`), the default.
+    Streaming,
+    /// Paginated LISTs (`KUBE_FEATURE_WatchListClient=false`).
+    Paginated,
 }
 
 /// Everything the scale configurations measured, for the report and the plot.
@@ -205,6 +217,8 @@ pub(crate) struct ScaleResults {
     pub(crate) objects: BTreeMap<Contender, Vec<ObjectPoint>>,
     /// Start-up: (contender, cold starts).
     pub(crate) startup: BTreeMap<Contender, Vec<StartupSample>>,
+    /// Start-up of the hub with paginated lists instead of streaming ones.
+    pub(crate) startup_paginated: Vec<StartupSample>,
     /// Start-up cluster: (VAs, attached VAs, drivers).
     pub(crate) startup_size: (usize, usize, usize),
     /// Fixed load per driver of the drivers curve.
@@ -481,23 +495,47 @@ pub(crate) async fn startup(cluster: &Cluster, k: &ScaleKnobs, out: &mut ScaleRe
         t.elapsed().as_secs_f64()
     );
 
+    // What the control plane spends with no attacher running, as long as a hub's start-up.
+    let plane = Plane::of(cluster);
+    let baseline = Baseline::measure(plane, Duration::from_secs(20)).await;
+    eprintln!("bench: startup: control plane at rest: {baseline:?}");
     for rep in 0..k.startup_repeats {
         let order = if rep % 2 == 0 {
-            [Contender::Hub, Contender::Fleet]
+            [
+                (Contender::Hub, Lists::Streaming),
+                (Contender::Fleet, Lists::Streaming),
+                (Contender::Hub, Lists::Paginated),
+            ]
         } else {
-            [Contender::Fleet, Contender::Hub]
+            [
+                (Contender::Hub, Lists::Paginated),
+                (Contender::Fleet, Lists::Streaming),
+                (Contender::Hub, Lists::Streaming),
+            ]
         };
-        for contender in order {
+        for (contender, lists) in order {
             let total_vas = attached + unserved;
-            let s = cold_start(cluster, &client, contender, &mocks, per_driver, total_vas).await;
+            let start = ColdStart {
+                contender,
+                lists,
+                per_driver,
+                total_vas,
+                plane: (plane, baseline),
+            };
+            let s = cold_start(cluster, &client, &start, &mocks).await;
             eprintln!(
-                "bench: startup {contender:?}: synced and idle after {} s, {:.0} MiB, {} ControllerPublish, requests {:?}",
+                "bench: startup {contender:?} ({lists:?} lists): synced and idle after {} s, {:.0} MiB, {} ControllerPublish, requests {:?}; control plane {:?}",
                 s.synced_idle.map_or("—".into(), |v| format!("{v:.1}")),
                 s.idle_rss,
                 s.publishes,
-                s.requests
+                s.requests,
+                s.plane
             );
-            out.startup.entry(contender).or_default().push(s);
+            if lists == Lists::Paginated {
+                out.startup_paginated.push(s);
+            } else {
+                out.startup.entry(contender).or_default().push(s);
+            }
             for m in &mocks {
                 reset_calls(m.socket()).await;
             }
@@ -617,16 +655,35 @@ async fn reset_calls(socket: &Path) {
     ctl.reset_calls().await.expect("reset the call record");
 }
 
-/// One cold start of `contender` over `mocks`.
+/// One cold start, and what it is measured against.
+struct ColdStart {
+    contender: Contender,
+    /// How a hub gets its watches' first state (a Go sidecar: its own default, streaming).
+    lists: Lists,
+    /// Attached VAs per driver.
+    per_driver: usize,
+    /// VAs in the cluster.
+    total_vas: usize,
+    /// The control plane and its cost at rest.
+    plane: (Plane, Baseline),
+}
+
+/// One cold start of `start.contender` over `mocks`.
 async fn cold_start(
     cluster: &Cluster,
     client: &Client,
-    contender: Contender,
+    start: &ColdStart,
     mocks: &[MockProcess],
-    per_driver: usize,
-    total_vas: usize,
 ) -> StartupSample {
+    let &ColdStart {
+        contender,
+        lists,
+        per_driver,
+        total_vas,
+        plane: (plane, baseline),
+    } = start;
     let m0 = ApiServerMetrics::scrape(client).await;
+    let window = Window::open(plane, client).await;
     let dir = tempfile::Builder::new()
         .prefix("ah-bench-start-")
         .tempdir()
@@ -657,6 +714,9 @@ async fn cold_start(
                 .arg(format!("--leader-election-namespace={LEASE_NAMESPACE}"))
                 .arg(format!("--http-endpoint=127.0.0.1:{port}"))
                 .args(seed_flags());
+            if lists == Lists::Paginated {
+                cmd.env("KUBE_FEATURE_WatchListClient", "false");
+            }
             processes.push((
                 ChildProcess::spawn("attacher-hub", cmd),
                 port,
@@ -688,6 +748,7 @@ async fn cold_start(
         tokio::time::sleep(SYNC_POLL).await;
     }
     sample.startup_cpu = pids.iter().map(|p| cpu_seconds(*p)).sum();
+    sample.plane = window.close(client, baseline).await;
     let m1 = ApiServerMetrics::scrape(client).await;
     sample.requests = m1
         .requests_since(&m0)
@@ -776,6 +837,7 @@ pub(crate) fn startup_median(samples: &[StartupSample]) -> StartupSample {
         idle_rss: m(|s| s.idle_rss),
         startup_cpu: m(|s| s.startup_cpu),
         idle_cpu_millicores: m(|s| s.idle_cpu_millicores),
+        plane: control_plane::median(&samples.iter().map(|s| s.plane.clone()).collect::<Vec<_>>()),
     }
 }
 

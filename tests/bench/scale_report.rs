@@ -303,6 +303,29 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
                 )),
             );
         }
+        // What the same start-ups cost the control plane, with the hub's two list strategies.
+        let mut rows = Vec::new();
+        if let Some(f) = &f {
+            rows.push((Contender::Fleet.label(drivers), f.plane.clone()));
+        }
+        if let Some(h) = &h {
+            rows.push((
+                format!("{}, streaming lists", Contender::Hub.label(drivers)),
+                h.plane.clone(),
+            ));
+        }
+        if !r.startup_paginated.is_empty() {
+            rows.push((
+                format!("{}, paginated lists", Contender::Hub.label(drivers)),
+                startup_median(&r.startup_paginated).plane,
+            ));
+        }
+        md.push_str(&crate::control_plane::table(
+            "#### The control plane's side of the start-up
+
+kube-apiserver and etcd from each start to              synced and idle: CPU above what they spend at rest over as long, peak RSS above their RSS at the              start, and the API server's counters on VolumeAttachments, PVs, CSINodes and Leases (etcd              requests, watch events, bytes of LIST and WATCH responses; a watch's bytes count when it ends).              The Go sidecars (client-go v0.37) stream their initial lists; the hub is run both ways.",
+            &rows,
+        ));
     }
     if !checks.is_empty() {
         let _ = writeln!(
