@@ -457,6 +457,9 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .expect("RAW_CONCURRENCY is not empty");
 
+    // What the control plane spends with nothing of the benchmark running.
+    control_plane::Baseline::init(cluster).await;
+
     let mut results = Vec::new();
     for config in configs(&knobs, hub_has_cap) {
         let mut result = ConfigResult {

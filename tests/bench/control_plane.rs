@@ -88,7 +88,25 @@ pub(crate) struct Baseline {
     pub(crate) etcd_cpu: f64,
 }
 
+/// The baseline of this benchmark run, measured once before the configurations.
+static BASELINE: std::sync::OnceLock<Baseline> = std::sync::OnceLock::new();
+
 impl Baseline {
+    /// Measures the baseline of this run (once: later calls keep the first).
+    pub(crate) async fn init(cluster: &Cluster) -> Baseline {
+        if let Some(b) = BASELINE.get() {
+            return *b;
+        }
+        let b = Baseline::measure(Plane::of(cluster), Duration::from_secs(20)).await;
+        eprintln!("bench: the control plane at rest: {b:?}");
+        *BASELINE.get_or_init(|| b)
+    }
+
+    /// The baseline [`init`](Self::init) measured; none (zero) before that.
+    pub(crate) fn of_run() -> Baseline {
+        BASELINE.get().copied().unwrap_or_default()
+    }
+
     /// Measures `plane` over `window` with nothing of the benchmark's running.
     pub(crate) async fn measure(plane: Plane, window: Duration) -> Baseline {
         let (a0, e0) = plane.cpu();
@@ -251,8 +269,11 @@ impl Window {
 
 /// Medians of `costs`, field by field.
 pub(crate) fn median(costs: &[Cost]) -> Cost {
-    let m =
-        |f: &dyn Fn(&Cost) -> f64| crate::report::median(costs.iter().map(f)).unwrap_or(f64::NAN);
+    let m = |f: &dyn Fn(&Cost) -> f64| {
+        let mut v: Vec<f64> = costs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
     Cost {
         seconds: m(&|c| c.seconds),
         apiserver_cpu: m(&|c| c.apiserver_cpu),

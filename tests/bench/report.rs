@@ -46,6 +46,8 @@ pub(crate) struct Summary {
     pub(crate) detach: Option<f64>,
     pub(crate) cpu: f64,
     pub(crate) apiserver_cpu: Option<f64>,
+    /// The control plane's cost of the workload.
+    pub(crate) plane: crate::control_plane::Cost,
     pub(crate) peak_rss: f64,
     pub(crate) idle_rss: f64,
     pub(crate) watches: f64,
@@ -124,6 +126,9 @@ impl Summary {
             detach: mo(|s| s.detach),
             cpu: m(|s| s.cpu),
             apiserver_cpu: mo(|s| s.apiserver_cpu),
+            plane: crate::control_plane::median(
+                &samples.iter().map(|s| s.plane.clone()).collect::<Vec<_>>(),
+            ),
             peak_rss: m(|s| s.peak_rss),
             idle_rss: m(|s| s.idle_rss),
             watches: m(|s| s.watches),
@@ -610,6 +615,35 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
                 ratio(Some(h.connections), Some(f.connections)),
                 ratio(Some(h.write_rate), Some(f.write_rate)),
             );
+        }
+    }
+
+    // What each configuration's workload cost the control plane, hub against fleet.
+    let mut rows = Vec::new();
+    for r in results.iter().filter(|r| r.not_run.is_none()) {
+        for c in [Contender::Fleet, Contender::Hub] {
+            if let Some(s) = r.summary(c) {
+                rows.push((r.id.clone(), c.label(r.spec.drivers), s.plane));
+            }
+        }
+    }
+    if !rows.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## The control plane's side of each configuration\n\n\
+             kube-apiserver and etcd during the workload (attach and detach, or the idle window): CPU above \
+             what they spend at rest over as long, peak RSS above their RSS at its start, and the API \
+             server's counters on VolumeAttachments, PVs, CSINodes and Leases."
+        );
+        let mut ids: Vec<&String> = rows.iter().map(|(id, ..)| id).collect();
+        ids.dedup();
+        for id in ids {
+            let per: Vec<(String, crate::control_plane::Cost)> = rows
+                .iter()
+                .filter(|(i, ..)| i == id)
+                .map(|(_, label, cost)| (label.clone(), cost.clone()))
+                .collect();
+            md.push_str(&crate::control_plane::table(&format!("**{id}**"), &per));
         }
     }
 

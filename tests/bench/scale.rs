@@ -497,8 +497,7 @@ pub(crate) async fn startup(cluster: &Cluster, k: &ScaleKnobs, out: &mut ScaleRe
 
     // What the control plane spends with no attacher running, as long as a hub's start-up.
     let plane = Plane::of(cluster);
-    let baseline = Baseline::measure(plane, Duration::from_secs(20)).await;
-    eprintln!("bench: startup: control plane at rest: {baseline:?}");
+    let baseline = Baseline::init(cluster).await;
     for rep in 0..k.startup_repeats {
         let order = if rep % 2 == 0 {
             [

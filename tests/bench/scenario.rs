@@ -163,6 +163,8 @@ pub(crate) struct RunSpec {
 pub(crate) struct Sample {
     /// Processes of the contender.
     pub(crate) processes: usize,
+    /// What the workload cost kube-apiserver and etcd.
+    pub(crate) plane: crate::control_plane::Cost,
     /// Measured VAs (all of a uniform run; the quiet drivers' of a noisy one).
     pub(crate) vas: usize,
     /// Measured VAs per second, from the first one seen to the last one attached (uniform runs).
@@ -385,7 +387,9 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
         _ => None,
     };
 
-    // 4. The workload.
+    // 4. The workload, and what it costs the control plane.
+    let plane =
+        crate::control_plane::Window::open(crate::control_plane::Plane::of(cluster), &client).await;
     let started = Instant::now();
     match spec.workload {
         Workload::Uniform { .. } | Workload::Partial { .. } => {
@@ -483,6 +487,9 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
             sample.attach_requests = contender_requests(&m1.requests_since(&m0));
         }
     }
+    sample.plane = plane
+        .close(&client, crate::control_plane::Baseline::of_run())
+        .await;
     sample.connections = connections.stop() as f64;
     sample.cpu = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu0;
     sample.apiserver_cpu = apiserver.map(|p| cpu_seconds(p) - apiserver_cpu0);

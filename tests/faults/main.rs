@@ -14,6 +14,10 @@ mod kit;
 #[path = "../bench/scenario.rs"]
 #[allow(dead_code)]
 mod scenario;
+// What the runner's workloads cost the control plane (its figures are the bench's).
+#[path = "../bench/control_plane.rs"]
+#[allow(dead_code)]
+mod control_plane;
 #[path = "../bench/squeeze.rs"]
 #[allow(dead_code)] // its bench section
 mod squeeze;
