@@ -206,6 +206,24 @@ pub(crate) struct Cost {
     pub(crate) etcd_requests: f64,
 }
 
+impl Cost {
+    /// The cost times `factor` (the window's length stays).
+    pub(crate) fn scaled(&self, factor: f64) -> Cost {
+        Cost {
+            seconds: self.seconds,
+            apiserver_cpu: self.apiserver_cpu * factor,
+            etcd_cpu: self.etcd_cpu * factor,
+            apiserver_peak_rss: self.apiserver_peak_rss * factor,
+            etcd_peak_rss: self.etcd_peak_rss * factor,
+            watch_events: self.watch_events * factor,
+            watch_event_bytes: self.watch_event_bytes * factor,
+            list_bytes: self.list_bytes * factor,
+            watch_bytes: self.watch_bytes * factor,
+            etcd_requests: self.etcd_requests * factor,
+        }
+    }
+}
+
 /// A measurement of the control plane under way.
 pub(crate) struct Window {
     plane: Plane,

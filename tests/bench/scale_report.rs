@@ -227,6 +227,38 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
             }
         }
     }
+    if !r.drivers.is_empty() {
+        // The control plane during each idle window of the drivers curve.
+        let mut rows = Vec::new();
+        for (contender, points) in &r.drivers {
+            for p in points {
+                let mut label = contender.label(p.drivers);
+                if p.scaled {
+                    label.push_str(&format!(" (×{} of 10)", p.drivers / 10));
+                }
+                rows.push((p.drivers, label, p.plane.clone()));
+            }
+        }
+        rows.sort_by_key(|(n, ..)| *n);
+        let mut sizes: Vec<usize> = rows.iter().map(|(n, ..)| *n).collect();
+        sizes.dedup();
+        let _ = writeln!(
+            md,
+            "\n### The control plane while idle\n\nEach idle window of the drivers curve, on kube-apiserver and etcd \
+             (as in the configurations' control-plane tables; a scaled fleet's figures are 10 sidecars' times N / 10)."
+        );
+        for n in sizes {
+            let per: Vec<(String, crate::control_plane::Cost)> = rows
+                .iter()
+                .filter(|(m, ..)| *m == n)
+                .map(|(_, label, cost)| (label.clone(), cost.clone()))
+                .collect();
+            md.push_str(&crate::control_plane::table(
+                &format!("**{n} drivers**"),
+                &per,
+            ));
+        }
+    }
     if !r.objects.is_empty() {
         let _ = writeln!(
             md,
