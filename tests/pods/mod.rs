@@ -179,8 +179,13 @@ impl PodRunner {
         )
         .expect("the cluster's CA");
         // Short, so that a socket a test serves in a node's directory stays within the 108
-        // bytes of a Unix socket address: /tmp/ahp/<namespace>/n-<node>/...
-        let dir = std::env::temp_dir().join("ahp").join(namespace);
+        // bytes of a Unix socket address: /tmp/ahp/<API server port>/<namespace>/n-<node>/...
+        // The port keeps apart the runners of two test suites on one machine (two clones'
+        // `make test`), whose tests use the same namespaces on control planes of their own.
+        let dir = std::env::temp_dir()
+            .join("ahp")
+            .join(port.to_string())
+            .join(namespace);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("the runner's directory");
         let shared = Arc::new(Shared {
