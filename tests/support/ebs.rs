@@ -6,7 +6,8 @@
 //!
 //! The driver's name is fixed (`ebs.csi.aws.com`, a constant of the driver,
 //! also the name in-tree `awsElasticBlockStore` volumes migrate to), so two
-//! attachers cannot serve two EBS controllers in one cluster at the same time.
+//! attachers cannot serve two EBS controllers in one cluster at the same time:
+//! the tests of one test process that do take turns ([`turn`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -42,6 +43,16 @@ pub(crate) const EBS_TOPOLOGY_KEYS: [&str; 2] = [
 /// (pkg/cloud/devicemanager/device_names.go of v1.44.0): an instance with
 /// this many other devices has none left.
 pub(crate) const EBS_DEVICE_NAMES: usize = 127;
+
+/// The turn of the EBS driver's name in this test process: held by a test that
+/// runs attachers serving it, for as long as they run.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits for the EBS driver's name to be free in this test process, then holds
+/// it until the guard is dropped.
+pub(crate) async fn turn() -> tokio::sync::MutexGuard<'static, ()> {
+    TURN.lock().await
+}
 
 /// Options of `ebs-controller`.
 #[derive(Clone, Debug, Default)]
