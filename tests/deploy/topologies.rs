@@ -45,6 +45,10 @@
 //! each with its own identity (two "nodes"), split the two drivers' Leases and attach; the node
 //! leading one of them is killed, and the other takes that driver over, attaches new volumes
 //! of both and detaches one the dead node attached.
+//!
+//! (c) also from the AWS EBS driver's own Helm chart (v1.44.0, from the Go module cache) through
+//! the post-renderer's `hub-pod`, with Helm 3 and Helm 4; `tests/measured/shipped.rs` runs EBS's
+//! chart in (b) and (c) on pods.
 
 use crate::support;
 
