@@ -27,7 +27,7 @@ const PODS_PER_DRIVER: usize = 5;
 fn demo_until_attached_creates_pods_and_prints_three_leading_drivers_with_every_pod_attached() {
     let cluster = Cluster::get();
     // The demo serves `ebs.csi.aws.com`, whose name no other test may serve meanwhile.
-    let _ebs = support::ebs::driver_name_blocking();
+    let _ebs = support::ebs::turn_blocking();
     let cluster_dir = cluster
         .kubeconfig
         .parent()

@@ -45,6 +45,10 @@
 //! each with its own identity (two "nodes"), split the two drivers' Leases and attach; the node
 //! leading one of them is killed, and the other takes that driver over, attaches new volumes
 //! of both and detaches one the dead node attached.
+//!
+//! (c) also from the AWS EBS driver's own Helm chart (v1.44.0, from the Go module cache) through
+//! the post-renderer's `hub-pod`, with Helm 3 and Helm 4; `tests/measured/shipped.rs` runs EBS's
+//! chart in (b) and (c) on pods.
 
 use crate::support;
 
@@ -1836,4 +1840,186 @@ async fn controller_pool_end_to_end_two_nodes_one_dies() {
         let _ = support::wait_deleted(&vas, va, support::WAIT_TIMEOUT).await;
     }
     survivor.process.stop().await;
+}
+
+// === the AWS EBS driver's chart ===============================================
+
+/// The namespace EBS's chart is rendered into here.
+const EBS_NAMESPACE: &str = "ebs-csi-driver";
+
+/// EBS's controller Deployment, as its chart names it.
+const EBS_CONTROLLER: &str = "ebs-csi-controller";
+
+/// `helm template aws-ebs-csi-driver <EBS's chart> -n ebs-csi-driver -f
+/// deploy/examples/aws-ebs/values.yaml`, through attacher-hub's post-renderer with `args`
+/// unless `args` is `None`: Helm 3 (`helm3`) runs the script, Helm 4 (`helm`) the plugin.
+fn ebs_chart(helm: &str, args: Option<&[&str]>) -> Vec<Value> {
+    let cluster = Cluster::get();
+    let home = tempfile::tempdir().expect("a directory for Helm");
+    let plugins = home.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugins directory");
+    std::os::unix::fs::symlink(
+        repo().join("deploy/helm-post-renderer"),
+        plugins.join("attacher-hub-topology"),
+    )
+    .expect("link the plugin");
+    let mut cmd = Command::new(cluster.bin(helm));
+    cmd.args(["template", "aws-ebs-csi-driver"])
+        .arg(support::ebs_chart())
+        .args(["--namespace", EBS_NAMESPACE, "-f"])
+        .arg(repo().join("deploy/examples/aws-ebs/values.yaml"))
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                cluster.testbins.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .env("HELM_PLUGINS", &plugins)
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_DATA_HOME", home.path().join("data"));
+    if let Some(args) = args {
+        match helm {
+            "helm3" => cmd
+                .arg("--post-renderer")
+                .arg(repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer")),
+            _ => cmd.args(["--post-renderer", "attacher-hub-topology"]),
+        };
+        for a in args {
+            cmd.args(["--post-renderer-args", a]);
+        }
+    }
+    let (ok, out, err) = run(cmd, None);
+    assert!(ok, "{helm} template of EBS's chart {args:?}:\n{err}");
+    // The chart's `helm test` objects are hooks, which `helm install` does not apply.
+    documents(&out)
+        .into_iter()
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect()
+}
+
+/// Topology (c) from the AWS EBS driver's own chart (v1.44.0's `charts/aws-ebs-csi-driver`,
+/// with `deploy/examples/aws-ebs/values.yaml`), through the post-renderer's `hub-pod` with
+/// `deploy/examples/aws-ebs/drivers.yaml`, by Helm 3 and Helm 4 alike. The chart's
+/// csi-attacher declares no port and no `--http-endpoint`: the post-renderer gives it both
+/// (`--http-endpoint=:8080`, port 8080 named `http-endpoint`), which the hub's readiness probe
+/// and metrics Service use. Otherwise as for PD: the attacher becomes attacher-hub in hub mode
+/// reading the ConfigMap `attacher-hub-drivers` (drivers.yaml as given, which attacher-hub's
+/// parser accepts, naming the socket the chart's plugin serves on a volume both containers
+/// mount), root without capabilities, with the chart's attacher flags; every other container
+/// and object is the chart's; the API server accepts the objects. Without a drivers.yaml the
+/// post-renderer refuses, saying what it needs.
+#[test]
+fn helm_post_renderer_makes_a_hub_pod_of_the_ebs_chart_with_helm_3_and_4() {
+    let file = repo().join("deploy/examples/aws-ebs/drivers.yaml");
+    let args = ["hub-pod", file.to_str().expect("a UTF-8 path")];
+    let chart = ebs_chart("helm3", None);
+    let hubbed = ebs_chart("helm3", Some(&args));
+    assert_eq!(
+        by_key(&hubbed),
+        by_key(&ebs_chart("helm", Some(&args))),
+        "Helm 3 and Helm 4 render EBS's chart through the post-renderer alike"
+    );
+    let what = "EBS hub pod";
+    dry_run(what, &hubbed);
+    assert_no_go_attacher(what, &hubbed);
+    let before = find(&chart, "Deployment", EBS_CONTROLLER);
+    let after = find(&hubbed, "Deployment", EBS_CONTROLLER);
+    let hub = container(after, "csi-attacher").expect("the hub container");
+    let go = container(before, "csi-attacher").expect("EBS's attacher");
+    assert!(
+        go["ports"].is_null() && !strings(&go["args"]).iter().any(|a| a.contains("http")),
+        "EBS's chart gives its attacher no port and no listener: {go}"
+    );
+    assert_eq!(
+        hub["image"], HUB_IMAGE,
+        "{what}: attacher-hub's image in the csi-attacher's place"
+    );
+    assert_eq!(
+        strings(&hub["command"]),
+        ["/attacher-hub", "--config=/etc/attacher-hub/drivers.yaml"],
+        "{what}"
+    );
+    let mut expected = strings(&go["args"]);
+    expected.push("--http-endpoint=:8080");
+    assert_eq!(
+        strings(&hub["args"]),
+        expected,
+        "{what}: the chart's flags, and the listener the post-renderer adds"
+    );
+    assert_eq!(
+        hub["ports"],
+        json!([{"containerPort": 8080, "name": "http-endpoint", "protocol": "TCP"}]),
+        "{what}"
+    );
+    assert_eq!(
+        hub["readinessProbe"]["httpGet"]["path"], "/readyz",
+        "{what}"
+    );
+    assert_eq!(hub["readinessProbe"]["httpGet"]["port"], 8080, "{what}");
+    assert_root_without_capabilities(what, hub);
+    assert_other_containers_unchanged(what, before, after, "csi-attacher");
+    let drivers = find(&hubbed, "ConfigMap", "attacher-hub-drivers");
+    assert_eq!(namespace(drivers), EBS_NAMESPACE, "{what}");
+    let text = drivers["data"]["drivers.yaml"]
+        .as_str()
+        .expect("drivers.yaml");
+    assert_eq!(
+        text,
+        std::fs::read_to_string(&file).expect("drivers.yaml"),
+        "{what}: the ConfigMap holds the given drivers.yaml"
+    );
+    let defaults = attacher_hub::config::Defaults::with_identity(
+        &attacher_hub::cli::Args::default(),
+        "test".into(),
+    );
+    let parsed = attacher_hub::config::parse(text, "drivers.yaml", &defaults, false)
+        .unwrap_or_else(|e| panic!("{what}: attacher-hub refuses drivers.yaml: {e}"));
+    let socket = parsed.drivers[0].address.path().to_path_buf();
+    let dir = format!("{}/", socket.parent().expect("a directory").display());
+    let (shared, _) = volume_at(after, hub, &dir);
+    let plugin = container(after, "ebs-plugin").expect("EBS's plugin");
+    let (served, _) = volume_at(after, plugin, &dir);
+    assert_eq!(shared, served, "{what}: the hub and the plugin share {dir}");
+    assert!(
+        plugin["env"]
+            .as_array()
+            .is_some_and(|env| env.iter().any(|e| {
+                e["name"] == "CSI_ENDPOINT"
+                    && e["value"].as_str() == Some(&format!("unix://{}", socket.display()))
+            })),
+        "{what}: EBS's plugin serves {}",
+        socket.display()
+    );
+    let service = metrics_service(what, &hubbed, after, "hub-pod");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], 8080, "{what}");
+    assert_unchanged_except(
+        what,
+        &chart,
+        &hubbed,
+        &[key(after)],
+        &[key(drivers), key(service)],
+    );
+    // hub-pod without its drivers.yaml.
+    let mut cmd = Command::new(Cluster::get().bin("helm3"));
+    cmd.args(["template", "aws-ebs-csi-driver"])
+        .arg(support::ebs_chart())
+        .arg("--post-renderer")
+        .arg(repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer"))
+        .args(["--post-renderer-args", "hub-pod"])
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                Cluster::get().testbins.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        );
+    let (ok, _, err) = run(cmd, None);
+    assert!(
+        !ok && err.contains("hub-pod needs the drivers.yaml"),
+        "hub-pod without drivers.yaml: {err}"
+    );
 }

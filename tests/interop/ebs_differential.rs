@@ -450,6 +450,7 @@ fn token() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn go_and_hub_agree_on_the_ebs_controllers_answers() {
+    let _ebs = support::ebs::turn().await;
     let started = Instant::now();
     let cluster = Cluster::get();
     controller_manager(cluster);

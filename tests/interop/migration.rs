@@ -1,8 +1,16 @@
-//! `docs/migration.md`, step by step, against the real Go external-attacher v4.13.0, the real
-//! API server and the Go mock CSI driver: two drivers, each with its sidecar electing in a
-//! namespace of its own (one by `--leader-election-namespace`, one by its pod's namespace,
+//! `docs/migration.md`, step by step, against the real Go external-attacher v4.13.0 and the real
+//! API server, in two clusters of drivers, each driver with its sidecar electing in a namespace
+//! of its own (one by `--leader-election-namespace`, one by its pod's namespace,
 //! `POD_NAMESPACE`), volumes attached; then to one attacher-hub (in a third namespace, as an
-//! installed hub would be) and back.
+//! installed hub would be) and back:
+//!
+//! * two drivers served by the Go mock CSI driver;
+//! * the two real vendors: the GCE PD driver's own controller (`pd-controller`) with PD's
+//!   sidecar flags (`--leader-election-namespace`, `--timeout=250s`, as PD's manifests run it)
+//!   and the AWS EBS driver's own controller (`ebs-controller`) with the flags EBS's chart
+//!   gives its sidecar (electing in its pod's namespace, `--timeout=60s`,
+//!   `--worker-threads=100`, `--kube-api-qps=20`, `--kube-api-burst=100`,
+//!   `--retry-interval-max=5m`), which drivers.yaml keeps per driver as the document asks.
 //!
 //! The steps use the commands the document names: `kubectl get lease -A` to find each driver's
 //! Lease namespace (drivers.yaml is written from its output), `attacher-hub status -o json` to
@@ -13,28 +21,31 @@
 //! A monitor samples, every ~100 ms, each driver's two attachers (the hub's `/drivers`, the
 //! sidecar's `leader_election_master_status`, the hub read before and after the sidecar) and
 //! every VolumeAttachment: no driver ever has two leaders, no volume is detached (no VA loses
-//! `attached`, none is deleted, the drivers never see ControllerUnpublishVolume), and no driver
-//! goes without a leader for longer than a hand-over takes.
+//! `attached`, none is deleted, no controller answers a ControllerUnpublishVolume, counted on
+//! each), and no driver goes without a leader for longer than a hand-over takes. With the
+//! vendors' controllers, every volume is still attached in their fake clouds at the end.
 
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use support::ebs::{EBS_DRIVER, EbsController, EbsOptions, ebs_attached};
 use support::{
-    Attacher, Cluster, MockCsi, MockCsiOptions, Probe, Program, PvBuilder, WAIT_TIMEOUT,
-    create_node, create_va, eventually, go_duration, is_attached, sanitize_driver_name,
-    unique_driver_name, unique_name, wait_deleted, wait_for,
+    Attacher, Cluster, MockCsi, MockCsiOptions, PdController, PdOptions, Probe, Program, PvBuilder,
+    WAIT_TIMEOUT, create_node, create_va, eventually, go_duration, has_disk, is_attached,
+    sanitize_driver_name, unique_driver_name, unique_name, wait_deleted, wait_for,
 };
 
 /// Short Lease timings: hand-overs take seconds.
@@ -59,14 +70,98 @@ fn election(extra: &[String]) -> Vec<String> {
     args
 }
 
-/// One driver of the migration: its mock, its sidecar's way of choosing a namespace, its
-/// sidecar (when running) and its volumes.
+/// A driver's controller service: the Go mock, or a vendor's own controller on its fake cloud.
+enum Controller {
+    Mock(MockCsi),
+    Pd(PdController),
+    Ebs(EbsController),
+}
+
+impl Controller {
+    /// The driver's name.
+    fn name(&self) -> &str {
+        match self {
+            Controller::Mock(m) => &m.driver,
+            Controller::Pd(p) => &p.driver,
+            Controller::Ebs(_) => EBS_DRIVER,
+        }
+    }
+
+    fn socket(&self) -> &Path {
+        match self {
+            Controller::Mock(m) => m.socket(),
+            Controller::Pd(p) => p.socket(),
+            Controller::Ebs(e) => e.socket(),
+        }
+    }
+
+    /// The driver's ID of the Node `node` (its CSINode entry): an instance of the vendor's
+    /// cloud, created with the controller.
+    fn node_id(&self, node: &str) -> String {
+        match self {
+            Controller::Mock(m) => m.node_id().to_string(),
+            Controller::Pd(_) => PdController::node_id(node),
+            Controller::Ebs(_) => ebs_instance(node),
+        }
+    }
+
+    /// ControllerUnpublishVolume calls the controller answered so far.
+    async fn unpublishes(&self) -> usize {
+        const UNPUBLISH: &str = "ControllerUnpublishVolume";
+        match self {
+            Controller::Mock(m) => m.calls(UNPUBLISH),
+            Controller::Pd(p) => p
+                .calls()
+                .await
+                .iter()
+                .filter(|c| c.method == UNPUBLISH)
+                .count(),
+            Controller::Ebs(e) => e
+                .calls()
+                .await
+                .iter()
+                .filter(|c| c.method == UNPUBLISH)
+                .count(),
+        }
+    }
+
+    /// Whether the cloud has the volume of `handle` attached to `node`; `None` for the mock,
+    /// which keeps no cloud to ask.
+    async fn attached_in_cloud(&self, node: &str, handle: &str) -> Option<bool> {
+        match self {
+            Controller::Mock(_) => None,
+            Controller::Pd(p) => {
+                let disk = handle.rsplit('/').next().unwrap_or(handle);
+                Some(has_disk(&p.attachments().await, node, disk, "READ_WRITE"))
+            }
+            Controller::Ebs(e) => Some(ebs_attached(
+                &e.attachments().await,
+                &ebs_instance(node),
+                handle,
+            )),
+        }
+    }
+}
+
+/// The EC2 instance of the Node `node` in EBS's fake cloud.
+fn ebs_instance(node: &str) -> String {
+    format!("i-{node}")
+}
+
+/// One driver of the migration: its controller, its sidecar's flags and way of choosing a
+/// namespace, the same flags as drivers.yaml settings, its sidecar (when running) and its
+/// volumes.
 struct Driver {
-    mock: MockCsi,
+    controller: Controller,
     /// `--leader-election-namespace` of the sidecar, or `None`: the sidecar's pod namespace.
     flag_namespace: Option<String>,
     /// The sidecar's pod namespace (`POD_NAMESPACE`).
     pod_namespace: String,
+    /// The sidecar's flags besides the socket, the Lease namespace, leader election and `-v`.
+    flags: Vec<String>,
+    /// The same flags as settings of the driver's drivers.yaml entry (YAML lines indented by
+    /// four spaces), as the document's step 2 keeps them.
+    settings: String,
     sidecar: Option<Attacher>,
     /// Where the monitor finds the sidecar (0: none).
     sidecar_port: Arc<AtomicU16>,
@@ -75,7 +170,7 @@ struct Driver {
 
 impl Driver {
     fn name(&self) -> &str {
-        &self.mock.driver
+        self.controller.name()
     }
 
     /// The namespace the sidecar elects in.
@@ -89,10 +184,10 @@ impl Driver {
     fn start_sidecar(&mut self, cluster: &Cluster) {
         let mut args = vec![
             format!("--kubeconfig={}", cluster.kubeconfig.display()),
-            format!("--csi-address={}", self.mock.socket().display()),
-            "--timeout=15s".into(),
+            format!("--csi-address={}", self.controller.socket().display()),
             "--v=4".into(),
         ];
+        args.extend(self.flags.iter().cloned());
         if let Some(ns) = &self.flag_namespace {
             args.push(format!("--leader-election-namespace={ns}"));
         }
@@ -285,12 +380,25 @@ async fn create_namespace(client: &Client, name: &str) {
     .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
 }
 
-/// drivers.yaml for `drivers` with each Lease namespace as `kubectl get lease -A` shows it.
-fn write_drivers_yaml(path: &Path, entries: &[(String, String, String)]) {
+/// One driver's entry of drivers.yaml: its name, socket, the Lease namespace `kubectl get
+/// lease -A` showed, and its sidecar's other flags as settings.
+struct Entry {
+    name: String,
+    socket: PathBuf,
+    namespace: String,
+    settings: String,
+}
+
+/// drivers.yaml for `entries`, each driver's Lease where its sidecar keeps it.
+fn write_drivers_yaml(path: &Path, entries: &[Entry]) {
     let mut text = String::from("drivers:\n");
-    for (name, socket, namespace) in entries {
+    for e in entries {
         text.push_str(&format!(
-            "  - address: unix://{socket}\n    name: {name}\n    leaderElection:\n      namespace: {namespace}\n"
+            "  - address: unix://{}\n    name: {}\n{}    leaderElection:\n      namespace: {}\n",
+            e.socket.display(),
+            e.name,
+            e.settings,
+            e.namespace
         ));
     }
     std::fs::write(path, text).expect("write drivers.yaml");
@@ -324,14 +432,143 @@ async fn migration_to_one_hub_and_back_as_documented() {
         .await;
         let volumes = mock.volumes.clone().into_iter();
         drivers.push(Driver {
-            mock,
+            controller: Controller::Mock(mock),
             flag_namespace: flag,
             pod_namespace: by_pod.clone(),
+            flags: vec!["--timeout=15s".into()],
+            settings: "    timeout: 15s\n".into(),
             sidecar: None,
             sidecar_port: Arc::new(AtomicU16::new(0)),
             volumes,
         });
     }
+    migrate(cluster, &client, &node, drivers, &hub_ns).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for ns in [&by_flag, &by_pod, &hub_ns] {
+        let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+    }
+}
+
+/// The same on a cluster with the two real vendors: the GCE PD driver's own controller, its
+/// sidecar electing in PD's namespace by `--leader-election-namespace` with the flags of PD's
+/// manifests, and the AWS EBS driver's own controller, its sidecar with the flags of EBS's
+/// chart electing in its pod's namespace (`kube-system` in a real install). Each has attached
+/// volumes; the hub takes both over and gives them back, as for the mocks. The EBS driver's
+/// name is fixed, so this test takes its turn with the other tests that serve it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pd_and_ebs_migrate_to_one_hub_and_back_as_documented() {
+    let _ebs = support::ebs::turn().await;
+    let cluster = Cluster::get();
+    let client = cluster.client().await;
+    // EBS's Lease has one name in every run: those an earlier run or test left (namespaces
+    // stay, no namespace controller runs here) would be a second row of `kubectl get lease -A`.
+    delete_ebs_leases(&client).await;
+    let node = unique_name("node");
+    create_node(&client, &node).await;
+
+    let pd_ns = unique_name("gce-pd-csi-driver");
+    let ebs_ns = unique_name("kube-system");
+    let hub_ns = unique_name("attacher-hub");
+    for ns in [&pd_ns, &ebs_ns, &hub_ns] {
+        create_namespace(&client, ns).await;
+    }
+    const VOLUMES: usize = 6;
+    let disks: Vec<String> = (0..VOLUMES).map(|i| format!("disk-{i}")).collect();
+    let pd = PdController::start(
+        cluster,
+        &unique_driver_name("pd"),
+        PdOptions {
+            instances: vec![node.clone()],
+            disks: disks.clone(),
+            ..PdOptions::default()
+        },
+    )
+    .await;
+    let ebs_volumes: Vec<String> = (0..VOLUMES).map(|i| format!("vol-{i:017x}")).collect();
+    let ebs = EbsController::start(
+        cluster,
+        EbsOptions {
+            instances: vec![ebs_instance(&node)],
+            volumes: ebs_volumes.clone(),
+            ..EbsOptions::default()
+        },
+    )
+    .await;
+    let drivers = vec![
+        Driver {
+            controller: Controller::Pd(pd),
+            flag_namespace: Some(pd_ns.clone()),
+            pod_namespace: pd_ns.clone(),
+            // PD v1.28.1's csi-attacher (deploy/kubernetes/base/controller/controller.yaml).
+            flags: vec!["--timeout=250s".into()],
+            settings: "    timeout: 250s\n".into(),
+            sidecar: None,
+            sidecar_port: Arc::new(AtomicU16::new(0)),
+            volumes: disks
+                .iter()
+                .map(|d| PdController::volume_id(d))
+                .collect::<Vec<_>>()
+                .into_iter(),
+        },
+        Driver {
+            controller: Controller::Ebs(ebs),
+            flag_namespace: None,
+            pod_namespace: ebs_ns.clone(),
+            // EBS v1.44.0's chart, its csi-attacher with the chart's defaults.
+            flags: [
+                "--timeout=60s",
+                "--kube-api-qps=20",
+                "--kube-api-burst=100",
+                "--worker-threads=100",
+                "--retry-interval-max=5m",
+            ]
+            .map(String::from)
+            .to_vec(),
+            settings: "    timeout: 60s\n    kubeApiQps: 20\n    kubeApiBurst: 100\n    \
+                       workerThreads: 100\n    retryIntervalMax: 5m\n"
+                .into(),
+            sidecar: None,
+            sidecar_port: Arc::new(AtomicU16::new(0)),
+            volumes: ebs_volumes.into_iter(),
+        },
+    ];
+    migrate(cluster, &client, &node, drivers, &hub_ns).await;
+    delete_ebs_leases(&client).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for ns in [&pd_ns, &ebs_ns, &hub_ns] {
+        let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+    }
+}
+
+/// Deletes every Lease of the EBS driver, in any namespace.
+async fn delete_ebs_leases(client: &Client) {
+    let name = format!(
+        "external-attacher-leader-{}",
+        sanitize_driver_name(EBS_DRIVER)
+    );
+    let all: Api<Lease> = Api::all(client.clone());
+    let leases = all
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await
+        .expect("list EBS's Leases");
+    for lease in leases.items {
+        let ns = lease.metadata.namespace.unwrap_or_default();
+        let _ = Api::<Lease>::namespaced(client.clone(), &ns)
+            .delete(&name, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// docs/migration.md with `drivers` on `node`: the sidecars attach, the hub (electing in
+/// `hub_ns` by its pod) stands by, takes each driver over as its sidecar goes, and gives
+/// them back; checked as the module says.
+async fn migrate(
+    cluster: &'static Cluster,
+    client: &Client,
+    node: &str,
+    mut drivers: Vec<Driver>,
+    hub_ns: &str,
+) {
     // One CSINode with both drivers, as their node plugins register them.
     let csinodes: Api<k8s_openapi::api::storage::v1::CSINode> = Api::all(client.clone());
     csinodes
@@ -340,7 +577,7 @@ async fn migration_to_one_hub_and_back_as_documented() {
             &k8s_openapi::api::storage::v1::CSINode {
                 status: None,
                 metadata: ObjectMeta {
-                    name: Some(node.clone()),
+                    name: Some(node.to_string()),
                     ..ObjectMeta::default()
                 },
                 spec: k8s_openapi::api::storage::v1::CSINodeSpec {
@@ -348,7 +585,7 @@ async fn migration_to_one_hub_and_back_as_documented() {
                         .iter()
                         .map(|d| k8s_openapi::api::storage::v1::CSINodeDriver {
                             name: d.name().into(),
-                            node_id: d.mock.node_id().into(),
+                            node_id: d.controller.node_id(node),
                             ..Default::default()
                         })
                         .collect(),
@@ -360,14 +597,17 @@ async fn migration_to_one_hub_and_back_as_documented() {
 
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
     let watched: Arc<Mutex<Vec<String>>> = Arc::default();
+    // The VAs made, each with its driver and volume handle.
+    let made: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
     let attach_new = async |d: &mut Driver, who: &str| {
         let (pv, va) = (unique_name("pv"), unique_name("va"));
         let handle = d.volumes.next().expect("a free volume");
-        PvBuilder::new(&pv, d.name(), &handle).create(&client).await;
-        create_va(&client, &va, d.name(), &node, &pv).await;
+        PvBuilder::new(&pv, d.name(), &handle).create(client).await;
+        create_va(client, &va, d.name(), node, &pv).await;
         wait_for(&vas, &va, "attached", is_attached(), WAIT_TIMEOUT)
             .await
             .unwrap_or_else(|e| panic!("{va} of {} attached by {who}: {e}", d.name()));
+        made.lock().push((d.name().to_string(), handle, va.clone()));
         watched.lock().push(va);
     };
 
@@ -409,11 +649,12 @@ async fn migration_to_one_hub_and_back_as_documented() {
         let (ns, holder) = lease_row(cluster, d.name());
         assert_eq!(ns, d.lease_namespace(), "{}", d.name());
         assert_eq!(holder, d.sidecar.as_ref().expect("sidecar").identity);
-        entries.push((
-            d.name().to_string(),
-            d.mock.socket().display().to_string(),
-            ns,
-        ));
+        entries.push(Entry {
+            name: d.name().to_string(),
+            socket: d.controller.socket().to_path_buf(),
+            namespace: ns,
+            settings: d.settings.clone(),
+        });
     }
     // 2. drivers.yaml with each driver's Lease where its sidecar keeps it.
     let dir = tempfile::Builder::new()
@@ -430,7 +671,7 @@ async fn migration_to_one_hub_and_back_as_documented() {
             format!("--config={}", drivers_yaml.display()),
             "-v=2".into(),
         ]),
-        &[("POD_NAMESPACE", hub_ns.as_str())],
+        &[("POD_NAMESPACE", hub_ns)],
     );
     hub_port.store(hub.port, Ordering::Relaxed);
     let standby = eventually(
@@ -568,13 +809,13 @@ async fn migration_to_one_hub_and_back_as_documented() {
             "{driver} went {gap:?} without a leader (a hand-over takes at most {HANDOVER:?})"
         );
     }
+    let mut unpublishes = BTreeMap::new();
     for d in &drivers {
-        assert_eq!(
-            d.mock.calls("ControllerUnpublishVolume"),
-            0,
-            "{}: nothing was unpublished",
-            d.name()
-        );
+        unpublishes.insert(d.name().to_string(), d.controller.unpublishes().await);
+    }
+    eprintln!("migration: ControllerUnpublishVolume answered per driver: {unpublishes:?}");
+    for (driver, n) in &unpublishes {
+        assert_eq!(*n, 0, "{driver}: nothing was unpublished");
     }
     let all = watched.lock().clone();
     for va in &all {
@@ -584,6 +825,19 @@ async fn migration_to_one_hub_and_back_as_documented() {
             "{va} is attached at the end"
         );
     }
+    let made = made.lock().clone();
+    for (driver, handle, va) in &made {
+        let d = drivers
+            .iter()
+            .find(|d| d.name() == driver)
+            .expect("the VA's driver");
+        assert_ne!(
+            d.controller.attached_in_cloud(node, handle).await,
+            Some(false),
+            "{va}: {handle} of {driver} is still attached to {node} in its cloud"
+        );
+    }
+    eprintln!("migration: {} VAs attached throughout", made.len());
 
     // Clean up: the sidecars detach everything.
     for va in &all {
@@ -594,9 +848,5 @@ async fn migration_to_one_hub_and_back_as_documented() {
     }
     for d in &mut drivers {
         d.stop_sidecar().await;
-    }
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    for ns in [&by_flag, &by_pod, &hub_ns] {
-        let _ = namespaces.delete(ns, &DeleteParams::default()).await;
     }
 }

@@ -110,9 +110,28 @@ const PD: &str = "pd.csi.storage.gke.io";
 /// Disks of the PD driver's fake cloud in these tests (`disk-0` ... ), one per VA.
 const PD_DISKS: usize = 400;
 
-/// The volume handle of the `n`th volume of `driver`: a disk of PD's fake cloud, or one of the
-/// mock's volumes.
+/// The AWS EBS driver's name.
+const EBS: &str = support::ebs::EBS_DRIVER;
+
+/// Volumes of EBS's fake EC2 in these tests (`vol-00000000000000000` ...), one per VA.
+const EBS_VOLUMES: usize = 400;
+
+/// The ID of the `n`th volume of EBS's fake EC2.
+fn ebs_volume(n: usize) -> String {
+    format!("vol-{:017x}", n % EBS_VOLUMES)
+}
+
+/// The EC2 instance of the Node `node` in EBS's fake cloud.
+fn ebs_instance(node: &str) -> String {
+    format!("i-{node}")
+}
+
+/// The volume handle of the `n`th volume of `driver`: a disk of PD's fake cloud, a volume of
+/// EBS's, or one of the mock's volumes.
 fn volume_handle(driver: &str, n: usize) -> String {
+    if driver == EBS {
+        return ebs_volume(n);
+    }
     if driver == PD {
         format!(
             "projects/{}/zones/{}/disks/disk-{}",
@@ -125,8 +144,12 @@ fn volume_handle(driver: &str, n: usize) -> String {
     }
 }
 
-/// `driver`'s ID of `node`: an instance of PD's fake cloud, or the node's name for the mock.
+/// `driver`'s ID of `node`: an instance of PD's or EBS's fake cloud, or the node's name for
+/// the mock.
 fn node_id(driver: &str, node: &str) -> String {
+    if driver == EBS {
+        return ebs_instance(node);
+    }
     if driver == PD {
         format!(
             "projects/{}/zones/{}/instances/{node}",
@@ -656,6 +679,11 @@ fn workload_of(objects: &[Value]) -> Workload {
         .filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "DaemonSet")))
         .find(runs_hub)
         .expect("a rendered Deployment or DaemonSet runs an attacher");
+    workload_from(w)
+}
+
+/// The workload of the rendered Deployment or DaemonSet `w`.
+fn workload_from(w: &Value) -> Workload {
     let selector = w["spec"]["selector"]["matchLabels"]
         .as_object()
         .expect("matchLabels")
@@ -695,12 +723,56 @@ async fn roll_over(
     metrics_port: u16,
     began: std::time::SystemTime,
 ) -> Result<Rollout, String> {
-    let ns = workload.namespace.as_str();
+    roll_over_beside(
+        client,
+        runner,
+        workload,
+        workload,
+        drivers,
+        metrics_port,
+        began,
+    )
+    .await
+}
+
+/// As [`roll_over`], where the rolled `workload` is not the attachers' (a vendor's controller
+/// exporting its socket to the controller pool, whose DaemonSet `attachers` serves it): the
+/// Leases are watched in the attachers' namespace, their pods polled and their
+/// ServiceAccount's refusals read.
+async fn roll_over_beside(
+    client: &Client,
+    runner: &PodRunner,
+    workload: &Workload,
+    attachers: &Workload,
+    drivers: &[&str],
+    metrics_port: u16,
+    began: std::time::SystemTime,
+) -> Result<Rollout, String> {
+    let rolled_ns = workload.namespace.as_str();
     let deployment = workload.name.as_str();
-    let selector = workload.selector.as_str();
-    let service_account = workload.service_account.as_str();
+    let rolled_selector = workload.selector.as_str();
     let replicas = workload.replicas;
-    wait_rolled_out(client, ns, deployment, replicas, Duration::from_secs(120)).await?;
+    let ns = attachers.namespace.as_str();
+    let selector = attachers.selector.as_str();
+    let service_account = attachers.service_account.as_str();
+    wait_rolled_out(
+        client,
+        rolled_ns,
+        deployment,
+        replicas,
+        Duration::from_secs(120),
+    )
+    .await?;
+    if attachers.name != workload.name {
+        wait_rolled_out(
+            client,
+            ns,
+            &attachers.name,
+            attachers.replicas,
+            Duration::from_secs(120),
+        )
+        .await?;
+    }
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let lease_names: Vec<String> = drivers
         .iter()
@@ -752,7 +824,7 @@ async fn roll_over(
     let poller = async {
         let mut polls = LeaderPolls { seen: Vec::new() };
         loop {
-            for pod in poll_runner.pods(selector).await {
+            for pod in poll_runner.pods_in(ns, selector).await {
                 let name = pod.metadata.name.clone().unwrap_or_default();
                 if let Ok((200, body)) = poll_runner.http_get(&name, metrics_port, "/metrics").await
                 {
@@ -775,22 +847,29 @@ async fn roll_over(
             "kubectl.kubernetes.io/restartedAt": format!("{:?}", std::time::SystemTime::now())}}}}});
         let (kind, name) = deployment.split_once('/').expect("kind/name");
         let patched = if kind == "daemonset" {
-            let api: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+            let api: Api<DaemonSet> = Api::namespaced(client.clone(), rolled_ns);
             api.patch(name, &PatchParams::default(), &Patch::Merge(&restarted))
                 .await
                 .map(drop)
         } else {
-            let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+            let api: Api<Deployment> = Api::namespaced(client.clone(), rolled_ns);
             api.patch(name, &PatchParams::default(), &Patch::Merge(&restarted))
                 .await
                 .map(drop)
         };
         patched.map_err(|e| format!("rolling update: {e}"))?;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        wait_rolled_out(client, ns, deployment, replicas, Duration::from_secs(180)).await?;
+        wait_rolled_out(
+            client,
+            rolled_ns,
+            deployment,
+            replicas,
+            Duration::from_secs(180),
+        )
+        .await?;
         // Old pods gone too (a terminating pod is no longer counted in the status).
         let deadline = Instant::now() + Duration::from_secs(60);
-        while poll_runner.pods(selector).await.len() > replicas as usize {
+        while poll_runner.pods_in(rolled_ns, rolled_selector).await.len() > replicas as usize {
             if Instant::now() > deadline {
                 return Err("old pods still there a minute after the rollout".to_string());
             }
@@ -1440,7 +1519,19 @@ fn pd_stand_ins(objects: &mut Vec<Value>) {
 /// time, attach p99).
 async fn pd_rolls_over(
     what: &str,
+    objects: Vec<Value>,
+    drivers: &[&str],
+    port: u16,
+    bounds: (Duration, Duration),
+) {
+    vendor_rolls_over(what, objects, pd_stand_ins, drivers, port, bounds).await;
+}
+
+/// As [`pd_rolls_over`], for a vendor whose own containers `stand_ins` replaces.
+async fn vendor_rolls_over(
+    what: &str,
     mut objects: Vec<Value>,
+    stand_ins: fn(&mut Vec<Value>),
     drivers: &[&str],
     port: u16,
     bounds: (Duration, Duration),
@@ -1449,7 +1540,7 @@ async fn pd_rolls_over(
     let cluster = Cluster::get();
     controller_manager(cluster);
     let client = cluster.client().await;
-    pd_stand_ins(&mut objects);
+    stand_ins(&mut objects);
     let workload = workload_of(&objects);
     clean_namespace(&client, &workload.namespace).await;
     delete_cluster_scoped(&objects);
@@ -1580,6 +1671,253 @@ async fn pd_hub_pod_with_two_more_drivers_rolls_over() {
     // The hub listens where PD's attacher did: the hub-pod component keeps its flags
     // (--http-endpoint=:22012).
     pd_rolls_over("PD hub pod", objects, &drivers, 22012, HUB_BOUNDS).await;
+}
+
+/// The namespace EBS's chart is installed into here (`-n`; an operator's is often
+/// `kube-system`, which these tests empty between runs and so do not use).
+const EBS_NS: &str = "ebs-csi-driver";
+
+/// The host directory where EBS's controller exports its socket in topology (b).
+const EBS_SOCKET_DIR: &str = "/var/lib/attacher-hub/controllers/ebs.csi.aws.com";
+
+/// `helm template aws-ebs-csi-driver <EBS's chart> -n ebs-csi-driver -f <values>` (the values
+/// files under `deploy/examples/aws-ebs`) through attacher-hub's post-renderer with `args`:
+/// Helm 3 (`helm3`) runs the script, Helm 4 (`helm`) the plugin (`deploy/helm-post-renderer`
+/// linked into a plugins directory of the test's own), as an operator runs each.
+fn ebs_chart_post_rendered(helm: &str, values: &str, args: &[&str]) -> Vec<Value> {
+    let cluster = Cluster::get();
+    let home = tempfile::tempdir().expect("a directory for Helm");
+    let plugins = home.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugins directory");
+    std::os::unix::fs::symlink(
+        repo().join("deploy/helm-post-renderer"),
+        plugins.join("attacher-hub-topology"),
+    )
+    .expect("link the plugin");
+    let mut cmd = std::process::Command::new(cluster.bin(helm));
+    cmd.args(["template", "aws-ebs-csi-driver"])
+        .arg(support::ebs_chart())
+        .args(["--namespace", EBS_NS, "-f"])
+        .arg(repo().join("deploy/examples/aws-ebs").join(values))
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                cluster.testbins.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .env("HELM_PLUGINS", &plugins)
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_DATA_HOME", home.path().join("data"));
+    match helm {
+        "helm3" => cmd
+            .arg("--post-renderer")
+            .arg(repo().join("deploy/helm-post-renderer/attacher-hub-post-renderer")),
+        _ => cmd.args(["--post-renderer", "attacher-hub-topology"]),
+    };
+    for a in args {
+        cmd.args(["--post-renderer-args", a]);
+    }
+    let (ok, out, err) = support::run(cmd, None);
+    assert!(
+        ok,
+        "{helm} template of EBS's chart with {values} {args:?}:\n{err}"
+    );
+    documents(&out)
+}
+
+/// EBS's chart rendered through the post-renderer with `args` by Helm 3 and by Helm 4, which
+/// must give the same objects; those objects.
+fn ebs_chart_with_helm_3_and_4(values: &str, args: &[&str]) -> Vec<Value> {
+    let by_key = |objects: &[Value]| -> BTreeMap<String, Value> {
+        objects
+            .iter()
+            .map(|o| {
+                let key = format!(
+                    "{}/{}/{}",
+                    o["kind"].as_str().unwrap_or_default(),
+                    o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    o["metadata"]["name"].as_str().unwrap_or_default()
+                );
+                (key, o.clone())
+            })
+            .collect()
+    };
+    let helm3 = ebs_chart_post_rendered("helm3", values, args);
+    let helm4 = ebs_chart_post_rendered("helm", values, args);
+    assert_eq!(
+        by_key(&helm3),
+        by_key(&helm4),
+        "Helm 3 and Helm 4 render EBS's chart through the post-renderer {args:?} alike"
+    );
+    helm3
+}
+
+/// What stands in for EBS's own containers in its chart's rendered `objects` (as
+/// [`pd_stand_ins`] for PD's): the controller's `ebs-plugin` container runs `ebs-controller`
+/// (EBS's controller service on an in-memory EC2 holding the volume node's instance and the
+/// test's volumes; it needs no AWS credentials, region or metadata, so the chart's optional
+/// `aws-secret` and `aws-meta` stay absent), on the endpoint the chart gives it; its probes,
+/// which ask the `liveness-probe` sidecar, go with that sidecar; the resizer and the snapshotter,
+/// which take no part in attaching, are left out, and so are the node plugins' DaemonSets and
+/// the chart's `helm test` objects (hooks, which `helm install` does not create). Everything
+/// attacher-hub's post-renderer wrote stays as rendered.
+fn ebs_stand_ins(objects: &mut Vec<Value>) {
+    objects.retain(|o| {
+        o["kind"] != "DaemonSet" && o["metadata"]["annotations"]["helm.sh/hook"].is_null()
+    });
+    let volumes: Vec<String> = (0..EBS_VOLUMES).map(ebs_volume).collect();
+    for o in objects.iter_mut().filter(|o| o["kind"] == "Deployment") {
+        let containers = o["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .expect("containers");
+        containers.retain(|c| {
+            !matches!(
+                c["name"].as_str(),
+                Some("csi-resizer" | "csi-snapshotter" | "liveness-probe")
+            )
+        });
+        for c in containers.iter_mut().filter(|c| c["name"] == "ebs-plugin") {
+            c["args"] = json!([
+                "--endpoint=$(CSI_ENDPOINT)",
+                format!("--instances={}", ebs_instance(VOLUME_NODE)),
+                format!("--volumes={}", volumes.join(",")),
+            ]);
+            let c = c.as_object_mut().expect("a container");
+            c.remove("livenessProbe");
+            c.remove("readinessProbe");
+        }
+    }
+    objects.insert(
+        0,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": EBS_NS}}),
+    );
+}
+
+/// Topology (c) from EBS's chart as an operator installs it: `deploy/examples/aws-ebs/
+/// values.yaml` and the post-renderer's `hub-pod` with `deploy/examples/aws-ebs/drivers.yaml`
+/// (rendered alike by Helm 3 and Helm 4): EBS's controller pods (two replicas) with
+/// attacher-hub in hub mode in the csi-attacher's place, keeping the chart's attacher flags
+/// (their Lease in the pod's namespace, as the sidecar's), the port the post-renderer declares
+/// for it (the chart's attacher declares none) serving readiness and metrics, as EBS's own
+/// ServiceAccount with the chart's RBAC. Rolled over while VAs of EBS volumes keep coming,
+/// within the hub shapes' bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ebs_chart_as_a_hub_pod_rolls_over() {
+    let drivers_yaml = repo().join("deploy/examples/aws-ebs/drivers.yaml");
+    let objects = ebs_chart_with_helm_3_and_4(
+        "values.yaml",
+        &["hub-pod", drivers_yaml.to_str().expect("a UTF-8 path")],
+    );
+    vendor_rolls_over(
+        "EBS's chart as a hub pod",
+        objects,
+        ebs_stand_ins,
+        &[EBS],
+        8080,
+        HUB_BOUNDS,
+    )
+    .await;
+}
+
+/// The rendered Deployment `name` among `objects`, as a workload.
+fn deployment(objects: &[Value], name: &str) -> Workload {
+    let d = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no Deployment {name} among the rendered objects"));
+    workload_from(d)
+}
+
+/// Topology (b) with two real vendors: EBS's chart as an operator installs it on the
+/// controller pool (`deploy/examples/aws-ebs/values.yaml` and the
+/// post-renderer's `export-controller-socket`, rendered alike by Helm 3 and Helm 4: no
+/// attacher, the socket exported to the pool, one controller per node), beside PD's
+/// (`deploy/examples/gce-pd/controller-pool`), and one `deploy/overlays/controller-pool`
+/// DaemonSet in discovery mode serving both, each as its own ServiceAccount with its own RBAC
+/// on two pool nodes. EBS's controller Deployment (two replicas) is rolled over while VAs of
+/// both drivers keep coming: as each EBS controller goes, the DaemonSet pod beside it drops
+/// the driver and another takes its Lease over. Within the hub shapes' bounds: no driver
+/// without a leader for more than a second, the VAs made meanwhile attached within a second at
+/// p99 and detached when deleted, never two leaders, nothing refused to the hub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ebs_chart_beside_pd_on_the_controller_pool_rolls_over() {
+    vendor_pd();
+    let mut ebs = ebs_chart_with_helm_3_and_4(
+        "values.yaml",
+        &["export-controller-socket", EBS_SOCKET_DIR, "storage"],
+    );
+    ebs_stand_ins(&mut ebs);
+    let mut pd = render("examples/gce-pd/controller-pool");
+    pd_stand_ins(&mut pd);
+    let pool = render("overlays/controller-pool");
+    let _serial = support::alone().await;
+    let cluster = Cluster::get();
+    controller_manager(cluster);
+    let client = cluster.client().await;
+    let hub = workload_of(&pool);
+    let ebs_controller = deployment(&ebs, "ebs-csi-controller");
+    let pd_ns = namespace_of(&pd);
+    for ns in [hub.namespace.as_str(), pd_ns.as_str(), EBS_NS] {
+        clean_namespace(&client, ns).await;
+    }
+    for objects in [&pool, &pd, &ebs] {
+        delete_cluster_scoped(objects);
+    }
+    let mut runner = PodRunner::start(
+        &hub.namespace,
+        &[("pool-node-a", &POOL), ("pool-node-b", &POOL)],
+    )
+    .await;
+    runner.also_run(&pd_ns);
+    runner.also_run(EBS_NS);
+    let began = std::time::SystemTime::now();
+    apply(&pool);
+    apply(&pd);
+    apply(&ebs);
+    let outcome = async {
+        wait_rolled_out(
+            &client,
+            &pd_ns,
+            "deployment/csi-gce-pd-controller",
+            1,
+            Duration::from_secs(120),
+        )
+        .await?;
+        roll_over_beside(
+            &client,
+            &runner,
+            &ebs_controller,
+            &hub,
+            &[PD, EBS],
+            8080,
+            began,
+        )
+        .await
+    }
+    .await;
+    for ns in [pd_ns.as_str(), EBS_NS] {
+        for kind in ["deployments", "replicasets"] {
+            let (_, _) = kubectl(
+                &["delete", kind, "--all", "-n", ns, "--ignore-not-found"],
+                None,
+            );
+        }
+    }
+    finish(&client, runner, &hub.namespace, &pool).await;
+    for (ns, objects) in [(pd_ns.as_str(), &pd), (EBS_NS, &ebs)] {
+        clean_namespace(&client, ns).await;
+        delete_cluster_scoped(objects);
+    }
+    let rollout = outcome.unwrap_or_else(|why| panic!("EBS beside PD on the pool: {why}"));
+    eprintln!("EBS beside PD on the pool: {}", rollout.summary());
+    let problems = rollout.problems(HUB_BOUNDS.0, HUB_BOUNDS.1);
+    assert!(
+        problems.is_empty(),
+        "rolling update of EBS's controller beside PD on the pool: {problems:#?}"
+    );
 }
 
 /// The pool's objects as docs/deploy.md ("Per-driver settings in discovery mode") has an

@@ -14,8 +14,13 @@
 //! * the stand-in of the GCE PD driver's node plugin that `tests/deploy/defaults.rs` names: the
 //!   mock, dying when asked for the controller service as PD's node plugin does;
 //! * the GCE PD CSI driver's image: `pd-controller`, its controller service on its fake cloud;
-//! * external-attacher's and external-provisioner's images: the reference builds of
-//!   `tools/testbins`.
+//! * the AWS EBS CSI driver's image (`aws-ebs-csi-driver`): `ebs-controller`, its controller
+//!   service on an in-memory EC2
+//!   (which needs no AWS credentials, region or metadata service: the chart's optional
+//!   `aws-secret` and `aws-meta` may be absent);
+//! * external-attacher's and external-provisioner's images (Kubernetes' `csi-attacher` and
+//!   `csi-provisioner`, and the EKS distribution's `external-attacher` and
+//!   `external-provisioner` that EBS's chart names): the reference builds of `tools/testbins`.
 //!
 //! An image not in the table is an error that names it: a test never runs something else in
 //! its place silently.
@@ -135,11 +140,20 @@ pub(crate) fn resolve(image: &str) -> Result<Image, String> {
         "gcp-compute-persistent-disk-csi-driver" => {
             Ok(testbin("pd-controller", "/gce-pd-csi-driver"))
         }
-        "csi-attacher" => Ok(testbin("csi-attacher", "/csi-attacher")),
-        "csi-provisioner" => Ok(testbin("csi-provisioner", "/csi-provisioner")),
+        // The driver's image runs /bin/aws-ebs-csi-driver; ebs-controller serves its
+        // controller service (the container's arguments are the tests' to give). The chart
+        // names no command, only arguments, so the stand-in may sit elsewhere: at the root,
+        // since a container's /bin here is the host's /usr/bin (the runner's usr-merged
+        // layout), where no file of an image can be put.
+        "aws-ebs-csi-driver" => Ok(testbin("ebs-controller", "/aws-ebs-csi-driver")),
+        "csi-attacher" | "external-attacher" => Ok(testbin("csi-attacher", "/csi-attacher")),
+        "csi-provisioner" | "external-provisioner" => {
+            Ok(testbin("csi-provisioner", "/csi-provisioner"))
+        }
         _ => Err(format!(
             "no local build for image {image}: tests/pods/image.rs maps attacher-hub, the \
-             placeholder drivers, the GCE PD driver, csi-attacher and csi-provisioner"
+             placeholder drivers, the GCE PD and AWS EBS drivers, external-attacher \
+             (csi-attacher) and external-provisioner (csi-provisioner)"
         )),
     }
 }

@@ -411,7 +411,53 @@ async fn create_node(client: &Client, node: &Node) {
     .unwrap_or_else(|e| panic!("status of node {}: {e}", node.name));
 }
 
-/// Watches the namespace's pods: binds the pending ones, runs the bound ones, passes on changes.
+/// Binds the pending `pod` to the node the scheduler picks and records it in `placed`; why not
+/// when no node fits or the binding fails.
+async fn bind(
+    api: &Api<Pod>,
+    namespace: &str,
+    views: &[scheduler::NodeView],
+    placed: &mut HashMap<String, scheduler::Placed>,
+    pod: &Pod,
+) -> Result<(), String> {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let placed_now: Vec<scheduler::Placed> = placed.values().cloned().collect();
+    let node = scheduler::pick(pod, views, &placed_now)?;
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..ObjectMeta::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.clone()),
+            ..ObjectReference::default()
+        },
+    };
+    api.create_subresource::<_, serde_json::Value>(
+        "binding",
+        &name,
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .map_err(|e| format!("binding {namespace}/{name}: {e}"))?;
+    placed.insert(
+        uid,
+        scheduler::Placed {
+            node,
+            namespace: namespace.to_string(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            host_ports: scheduler::host_ports(pod),
+        },
+    );
+    Ok(())
+}
+
+/// Watches the namespace's pods: binds the pending ones (again whenever a pod goes), runs the
+/// bound ones, passes on changes.
 async fn watch_pods(
     shared: Arc<Shared>,
     namespace: String,
@@ -427,6 +473,8 @@ async fn watch_pods(
         })
         .collect();
     let mut placed: HashMap<String, scheduler::Placed> = HashMap::new();
+    // Pods no node could take yet, by UID.
+    let mut pending: HashMap<String, Pod> = HashMap::new();
     let mut stream = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -438,56 +486,34 @@ async fn watch_pods(
             watcher::Event::Init | watcher::Event::InitDone => continue,
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let name = pod.metadata.name.clone().unwrap_or_default();
         let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         if gone {
             placed.remove(&uid);
+            pending.remove(&uid);
             if let Some(r) = pods.lock().expect("pods").remove(&uid) {
                 let _ = r.updates.send(None);
+            }
+            // A pod gone may leave room for one that waits (a surge pod of a rolling update
+            // kept off a node by a required anti-affinity): the scheduler tries again, as
+            // kube-scheduler does when the cluster changes.
+            let waiting: Vec<(String, Pod)> = pending.drain().collect();
+            for (uid, pod) in waiting {
+                if bind(&api, &namespace, &views, &mut placed, &pod)
+                    .await
+                    .is_err()
+                {
+                    pending.insert(uid, pod);
+                }
             }
             continue;
         }
         match node_name {
             None if pod.metadata.deletion_timestamp.is_none() => {
-                let placed_now: Vec<scheduler::Placed> = placed.values().cloned().collect();
-                match scheduler::pick(&pod, &views, &placed_now) {
-                    Ok(node) => {
-                        let binding = Binding {
-                            metadata: ObjectMeta {
-                                name: Some(name.clone()),
-                                ..ObjectMeta::default()
-                            },
-                            target: ObjectReference {
-                                api_version: Some("v1".into()),
-                                kind: Some("Node".into()),
-                                name: Some(node.clone()),
-                                ..ObjectReference::default()
-                            },
-                        };
-                        match api
-                            .create_subresource::<_, serde_json::Value>(
-                                "binding",
-                                &name,
-                                &PostParams::default(),
-                                &binding,
-                            )
-                            .await
-                        {
-                            Ok(_) => {
-                                placed.insert(
-                                    uid,
-                                    scheduler::Placed {
-                                        node,
-                                        namespace: namespace.clone(),
-                                        labels: pod.metadata.labels.clone().unwrap_or_default(),
-                                        host_ports: scheduler::host_ports(&pod),
-                                    },
-                                );
-                            }
-                            Err(e) => eprintln!("pod runner: binding {namespace}/{name}: {e}"),
-                        }
-                    }
-                    Err(why) => eprintln!("pod runner: {why}"),
+                if let Err(why) = bind(&api, &namespace, &views, &mut placed, &pod).await {
+                    eprintln!("pod runner: {why}");
+                    pending.insert(uid, pod);
+                } else {
+                    pending.remove(&uid);
                 }
             }
             None => {}

@@ -8,18 +8,17 @@
 //! also the name in-tree `awsElasticBlockStore` volumes migrate to), so two
 //! attachers cannot serve two EBS controllers in one cluster at the same time:
 //! every attacher watches all VolumeAttachments of its driver, whatever the
-//! namespace of its Lease. A test that serves the driver holds [`driver_name`]
-//! while it does ([`EbsController::start`] takes it), so that the tests of one
-//! test binary take turns; the binaries themselves run one after the other.
+//! namespace of its Lease. A test that serves the driver (the differential,
+//! the migration, `make demo`'s test, the bench) holds its [`turn`] while it
+//! does, so that the tests of one test binary take turns; the binaries
+//! themselves run one after the other.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::local::http_request;
 use super::{Cluster, DriverProcess};
@@ -48,6 +47,21 @@ pub(crate) const EBS_TOPOLOGY_KEYS: [&str; 2] = [
 /// (pkg/cloud/devicemanager/device_names.go of v1.44.0): an instance with
 /// this many other devices has none left.
 pub(crate) const EBS_DEVICE_NAMES: usize = 127;
+
+/// The turn of the EBS driver's name in this test process: held by a test that
+/// runs attachers serving it, for as long as they run.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits for the EBS driver's name to be free in this test process, then holds
+/// it until the guard is dropped.
+pub(crate) async fn turn() -> tokio::sync::MutexGuard<'static, ()> {
+    TURN.lock().await
+}
+
+/// [`turn`] for a test outside an async runtime.
+pub(crate) fn turn_blocking() -> tokio::sync::MutexGuard<'static, ()> {
+    TURN.blocking_lock()
+}
 
 /// Options of `ebs-controller`.
 #[derive(Clone, Debug, Default)]
@@ -138,24 +152,6 @@ pub(crate) struct EbsCall {
     pub(crate) end_ms: i64,
 }
 
-/// The use of the name `ebs.csi.aws.com` in the shared cluster, held by one test at a time.
-pub(crate) type DriverName = OwnedMutexGuard<()>;
-
-fn driver_name_lock() -> Arc<Mutex<()>> {
-    static LOCK: OnceLock<Arc<Mutex<()>>> = OnceLock::new();
-    LOCK.get_or_init(|| Arc::new(Mutex::new(()))).clone()
-}
-
-/// Waits until no other test of this process serves `ebs.csi.aws.com`, then holds the name.
-pub(crate) async fn driver_name() -> DriverName {
-    driver_name_lock().lock_owned().await
-}
-
-/// [`driver_name`] for a test outside an async runtime.
-pub(crate) fn driver_name_blocking() -> DriverName {
-    driver_name_lock().blocking_lock_owned()
-}
-
 /// A running `ebs-controller`.
 #[derive(Debug)]
 pub(crate) struct EbsController {
@@ -163,14 +159,11 @@ pub(crate) struct EbsController {
     pub(crate) process: DriverProcess,
     /// Its test endpoint.
     http: SocketAddr,
-    /// The driver's name, this test's until the controller is dropped.
-    _name: DriverName,
 }
 
 impl EbsController {
     /// Starts `ebs-controller` and waits for its `ready` line.
     pub(crate) async fn start(cluster: &Cluster, opts: EbsOptions) -> EbsController {
-        let name = driver_name().await;
         let program = cluster.bin("ebs-controller");
         let mut process = DriverProcess::start("ebs-controller", &program, move |socket| {
             let mut args = vec![
@@ -197,11 +190,7 @@ impl EbsController {
             .find_map(|l| l.strip_prefix("http "))
             .and_then(|a| a.trim().parse().ok())
             .unwrap_or_else(|| panic!("ebs-controller printed no `http <address>` line"));
-        EbsController {
-            process,
-            http,
-            _name: name,
-        }
+        EbsController { process, http }
     }
 
     /// Path of the driver's socket.

@@ -59,7 +59,7 @@ pub(crate) use process::{
 };
 pub(crate) use testbins::{testbin, testbins};
 pub(crate) use va_watch::{OnWatchError, watch_vas};
-pub(crate) use vendor::{GCE_PD_MODULE, copy_tree, vendor_manifests};
+pub(crate) use vendor::{EBS_MODULE, GCE_PD_MODULE, copy_tree, ebs_chart, vendor_manifests};
 pub(crate) use wait::{WaitError, wait_deleted, wait_for};
 pub(crate) use workload::{
     NAMESPACE, NodeDriver, PD_TOPOLOGY_KEY, PodVolume, Source, StaticVolume, create_csinode_with,

@@ -1,11 +1,13 @@
-//! A vendor's real CSI driver manifests: the GCE PD CSI driver pinned in
+//! Vendors' real CSI driver manifests: the GCE PD CSI driver pinned in
 //! `tools/testbins/pd/go.mod`, put where the shipped examples take them from by
 //! `scripts/vendor-manifests.sh` (from the Go module cache, or, on a fresh machine, downloaded
-//! into it by `go mod download`), as a user does. Manifests that cannot be had are a test
-//! failure, never a skip.
+//! into it by `go mod download`), as a user does; and the AWS EBS CSI driver's Helm chart of the
+//! module pinned in `tools/testbins/ebs/go.mod`, read where the Go module cache holds it.
+//! Manifests that cannot be had are a test failure, never a skip.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use super::{repo, run};
 
@@ -36,6 +38,55 @@ pub(crate) fn vendor_manifests(dir: &Path) {
         "{} has no base/controller/controller.yaml",
         dir.display()
     );
+}
+
+/// The module of the AWS EBS CSI driver (its version is the one `tools/testbins/ebs/go.mod`
+/// pins).
+pub(crate) const EBS_MODULE: &str = "github.com/kubernetes-sigs/aws-ebs-csi-driver";
+
+/// The version of [`EBS_MODULE`] the tests expect `tools/testbins/ebs/go.mod` to pin.
+const EBS_VERSION: &str = "v1.44.0";
+
+/// The EBS driver's own Helm chart (`charts/aws-ebs-csi-driver` of the pinned module) in the
+/// Go module cache, downloaded into it first when missing (`go mod download`, the module
+/// proxy). The cache is read-only: Helm only reads the chart.
+pub(crate) fn ebs_chart() -> PathBuf {
+    static CHART: OnceLock<PathBuf> = OnceLock::new();
+    CHART
+        .get_or_init(|| {
+            let go = |args: &[&str]| {
+                let mut cmd = Command::new("go");
+                cmd.args(args)
+                    .current_dir(repo().join("tools/testbins/ebs"))
+                    .env("GOFLAGS", "-mod=mod")
+                    .env("GOTOOLCHAIN", "local");
+                let (ok, out, err) = run(cmd, None);
+                assert!(
+                    ok,
+                    "go {args:?} in tools/testbins/ebs failed (Go is needed for the test \
+                     tools):\n{out}{err}"
+                );
+                out
+            };
+            go(&["mod", "download", EBS_MODULE]);
+            let listed = go(&["list", "-m", "-f", "{{.Version}} {{.Dir}}", EBS_MODULE]);
+            let (version, dir) = listed
+                .trim()
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("go list -m {EBS_MODULE}: {listed:?}"));
+            assert_eq!(
+                version, EBS_VERSION,
+                "is tools/testbins/ebs/go.mod still on {EBS_VERSION}?"
+            );
+            let chart = Path::new(dir).join("charts/aws-ebs-csi-driver");
+            assert!(
+                chart.join("Chart.yaml").is_file(),
+                "{} has no Chart.yaml",
+                chart.display()
+            );
+            chart
+        })
+        .clone()
 }
 
 /// Copies `from` into `to` (created), following symbolic links and making every copy writable.
