@@ -7,7 +7,8 @@
 //! list), [`discovery`] (driver sockets found at run time), [`health`] (what the HTTP listener
 //! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas;
 //! its decisions in [`balance_view`]), [`reload`] (how the driver list's loads went) and
-//! [`context`] (what the hub's tasks share).
+//! [`context`] (what the hub's tasks share), [`unserved`] (drivers with VolumeAttachments
+//! waiting and no live attacher, whoever serves them).
 //! [`run`] wires them.
 
 pub mod balance_loop;
@@ -22,6 +23,7 @@ pub mod registry;
 pub mod reload;
 pub mod startup;
 pub mod supervisor;
+pub mod unserved;
 
 use std::{
     collections::HashMap,
@@ -167,6 +169,30 @@ pub async fn run(
         max_grpc_log_length,
     );
     let hub = context(shared.clone(), hub_registry, &source, &registry)?;
+    if let Some(b) = &balance {
+        let named = discovered
+            .iter()
+            .filter_map(|n| {
+                let le = n.settings().leader_election.as_ref()?;
+                Some((n.name().to_string(), le.namespace.clone()))
+            })
+            .collect();
+        let metrics =
+            crate::metrics::UnservedMetrics::register(&registry).map_err(Error::Metrics)?;
+        critical.own(
+            "the unserved-driver check",
+            Box::pin(
+                unserved::follow(
+                    hub.clone(),
+                    metrics,
+                    b.namespace.clone(),
+                    named,
+                    http_stop.clone(),
+                )
+                .instrument(tracing::debug_span!("unserved")),
+            ),
+        );
+    }
     if let Some(b) = balance {
         critical.own(
             "leadership balancing",
