@@ -169,7 +169,14 @@ pub async fn run(
         max_grpc_log_length,
     );
     let hub = context(shared.clone(), hub_registry, &source, &registry)?;
-    if let Some(b) = &balance {
+    // The Lease namespace of drivers this replica knows nothing of: the hub's (balance), else
+    // the first driver's (a sidecar). Without leader election there is no Lease to look at.
+    let lease_namespace = balance.as_ref().map(|b| b.namespace.clone()).or_else(|| {
+        drivers
+            .iter()
+            .find_map(|d| Some(d.leader_election.as_ref()?.namespace.clone()))
+    });
+    if let Some(lease_namespace) = lease_namespace {
         let named = discovered
             .iter()
             .filter_map(|n| {
@@ -185,7 +192,7 @@ pub async fn run(
                 unserved::follow(
                     hub.clone(),
                     metrics,
-                    b.namespace.clone(),
+                    lease_namespace,
                     named,
                     http_stop.clone(),
                 )

@@ -4,7 +4,8 @@
 //! gone untouched for minutes. That is the case the other signals miss when only one replica can
 //! serve a driver (topology (b): the driver's socket on one node) and that replica's pod is gone:
 //! the series that replica made are gone with it, and `AttacherHubAbsent` needs every replica
-//! gone. The other replicas report it through `attacher_hub_driver_unserved`.
+//! gone. The other replicas report it through `attacher_hub_driver_unserved`
+//! (`docs/design.md#unserved`).
 //!
 //! The decisions are pure ([`tally`], [`LeaseSight`], [`is_unserved`]); [`follow`] reads the
 //! cache, reads the Leases it must (one GET per driver with waiting VolumeAttachments that this
@@ -216,10 +217,11 @@ fn lease_namespace<'a>(
         .to_string()
 }
 
-/// Every [`CHECK_INTERVAL`] until `stop`: the drivers named by the cached VolumeAttachments,
+/// Every [`CHECK_INTERVAL`] until `stop` (the first once the caches are synced): the drivers
+/// named by the cached VolumeAttachments and those this replica serves with leader election,
 /// their Leases read where needed (in `named`'s namespace for drivers with an entry there, else
 /// in `default_namespace`), and `metrics` set; a driver no VolumeAttachment names any more loses
-/// its series. Logs each change of a driver's verdict.
+/// its series unless this replica serves it. Logs each change of a driver's verdict.
 pub(crate) async fn follow(
     hub: Arc<Context>,
     metrics: UnservedMetrics,
@@ -229,6 +231,10 @@ pub(crate) async fn follow(
 ) {
     let mut readings: HashMap<String, Reading> = HashMap::new();
     let mut verdicts: HashMap<String, bool> = HashMap::new();
+    tokio::select! {
+        () = stop.cancelled() => return,
+        () = hub.shared.stores.wait_synced() => {}
+    }
     let mut tick = tokio::time::interval(CHECK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -236,13 +242,19 @@ pub(crate) async fn follow(
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if !hub.shared.stores.is_synced() {
-            continue;
-        }
-        let tallies = tally(
+        let mut tallies = tally(
             hub.shared.stores.vas.state().iter().map(AsRef::as_ref),
             Timestamp::now(),
         );
+        // The drivers this replica serves are shown too, with nothing waiting until a VA names
+        // them, so that every served driver has its series.
+        hub.registry.each_slot(|d| {
+            if let Some(name) = d.name()
+                && d.settings().leader_election.is_some()
+            {
+                tallies.entry(name).or_default();
+            }
+        });
         let mut gets = 0;
         for (driver, t) in &tallies {
             let sight = if t.waiting == 0 {
