@@ -471,6 +471,79 @@ mod tests {
         );
     }
 
+    /// The whole check on a fake API server: a driver with a VA waiting and no Lease shows 1
+    /// (with one Lease GET, in the driver's namespace), a Lease renewed by another replica makes
+    /// it 0, and once no VA names it its series go.
+    #[tokio::test(start_paused = true)]
+    async fn the_check_reads_the_lease_of_a_driver_with_waiting_vas_and_sets_its_series() {
+        use crate::fake_api::FakeApi;
+        use crate::hub::context::tests::context;
+        use crate::k8s::stores::TestStores;
+        use k8s_openapi::api::storage::v1::{VolumeAttachment, VolumeAttachmentSpec};
+
+        let api = FakeApi::default();
+        let mut caches = TestStores::new();
+        let hub = context(&api, caches.stores.clone());
+        let registry = prometheus::Registry::new();
+        let metrics = UnservedMetrics::register(&registry).unwrap();
+        let waiting = VolumeAttachment {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("va-1".into()),
+                creation_timestamp: Some(Time(
+                    Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60),
+                )),
+                ..Default::default()
+            },
+            spec: VolumeAttachmentSpec {
+                attacher: "d.csi.example.com".into(),
+                node_name: "n".into(),
+                ..Default::default()
+            },
+            status: None,
+        };
+        caches.apply_va(&waiting);
+        let named = HashMap::from([("d.csi.example.com".to_string(), "vendor".to_string())]);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(follow(
+            hub.clone(),
+            metrics.clone(),
+            "hub".into(),
+            named,
+            stop.clone(),
+        ));
+        let value = || {
+            let text = crate::metrics::csi::tests::render(&registry);
+            text.lines().find_map(|l| {
+                l.strip_prefix(r#"attacher_hub_driver_unserved{driver_name="d.csi.example.com"} "#)
+                    .map(str::to_string)
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(value().as_deref(), Some("1"), "no Lease at all");
+        let gets = |ns: &str| {
+            api.log()
+                .iter()
+                .filter(|l| l.path.contains(&format!("namespaces/{ns}/leases")))
+                .count()
+        };
+        assert_eq!((gets("vendor"), gets("hub")), (1, 0), "{:?}", api.log());
+
+        // Another replica leads it in that namespace, and renews.
+        let mut renewed = lease("other-replica", 100, 15);
+        renewed.0.metadata.name = Some(crate::names::lease_name("d.csi.example.com"));
+        renewed.0.metadata.namespace = Some("vendor".into());
+        api.put(&renewed.0);
+        tokio::time::sleep(CHECK_INTERVAL).await;
+        assert_eq!(value().as_deref(), Some("0"), "held");
+
+        // No VA names it any more: no series.
+        caches.delete_va(&waiting);
+        tokio::time::sleep(CHECK_INTERVAL).await;
+        assert_eq!(value(), None);
+        stop.cancel();
+        task.await.unwrap();
+    }
+
     #[test]
     fn a_driver_is_unserved_when_vas_wait_and_its_lease_is_unheld_or_vas_go_untouched() {
         let idle = Tally::default();
