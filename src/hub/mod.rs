@@ -169,37 +169,15 @@ pub async fn run(
         max_grpc_log_length,
     );
     let hub = context(shared.clone(), hub_registry, &source, &registry)?;
-    // The Lease namespace of drivers this replica knows nothing of: the hub's (balance), else
-    // the first driver's (a sidecar). Without leader election there is no Lease to look at.
-    let lease_namespace = balance.as_ref().map(|b| b.namespace.clone()).or_else(|| {
-        drivers
-            .iter()
-            .find_map(|d| Some(d.leader_election.as_ref()?.namespace.clone()))
-    });
-    if let Some(lease_namespace) = lease_namespace {
-        let named = discovered
-            .iter()
-            .filter_map(|n| {
-                let le = n.settings().leader_election.as_ref()?;
-                Some((n.name().to_string(), le.namespace.clone()))
-            })
-            .collect();
-        let metrics =
-            crate::metrics::UnservedMetrics::register(&registry).map_err(Error::Metrics)?;
-        critical.own(
-            "the unserved-driver check",
-            Box::pin(
-                unserved::follow(
-                    hub.clone(),
-                    metrics,
-                    lease_namespace,
-                    named,
-                    http_stop.clone(),
-                )
-                .instrument(tracing::debug_span!("unserved")),
-            ),
-        );
-    }
+    check_unserved(
+        &hub,
+        &registry,
+        balance.as_ref(),
+        &drivers,
+        &discovered,
+        &mut critical,
+        &http_stop,
+    )?;
     if let Some(b) = balance {
         critical.own(
             "leadership balancing",
@@ -421,6 +399,45 @@ fn refresh(
                 .instrument(tracing::debug_span!("api-cap")),
         ),
     );
+}
+
+/// Starts the `critical` task that reports drivers nobody attaches for ([`unserved`]), until
+/// `stop`, when this replica elects: the Lease namespace of a driver it knows nothing of is the
+/// hub's (`balance`), else its first driver's (a sidecar); `discovered` entries give theirs.
+/// Its series go to `registry`.
+fn check_unserved(
+    hub: &Arc<Context>,
+    registry: &prometheus::Registry,
+    balance: Option<&BalanceConfig>,
+    drivers: &[Settings],
+    discovered: &[NamedSettings],
+    critical: &mut Critical,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
+    let Some(lease_namespace) = balance.map(|b| b.namespace.clone()).or_else(|| {
+        drivers
+            .iter()
+            .find_map(|d| Some(d.leader_election.as_ref()?.namespace.clone()))
+    }) else {
+        // Without leader election there is no Lease to look at.
+        return Ok(());
+    };
+    let named = discovered
+        .iter()
+        .filter_map(|n| {
+            let le = n.settings().leader_election.as_ref()?;
+            Some((n.name().to_string(), le.namespace.clone()))
+        })
+        .collect();
+    let metrics = crate::metrics::UnservedMetrics::register(registry).map_err(Error::Metrics)?;
+    critical.own(
+        "the unserved-driver check",
+        Box::pin(
+            unserved::follow(hub.clone(), metrics, lease_namespace, named, stop.clone())
+                .instrument(tracing::debug_span!("unserved")),
+        ),
+    );
+    Ok(())
 }
 
 /// Runs the drivers of `source` (`drivers` at start-up, `discovered` the settings of

@@ -2166,7 +2166,8 @@ async fn wait_unserved(
 async fn a_driver_whose_hub_pod_is_gone_shows_as_unserved_on_the_other_pod() {
     let (_serial, client, objects, hub_ns) = set_up("overlays/controller-pool").await;
     let runner = PodRunner::start(&hub_ns, &[("pool-node-a", &POOL), ("pool-node-b", &POOL)]).await;
-    let drivers = ["unserved-a.csi.example.com", "unserved-b.csi.example.com"];
+    // Short names: the mock's socket path under the node's root must fit a Unix socket address.
+    let drivers = ["lone-a.csi.example.com", "lone-b.csi.example.com"];
     let nodes = runner.nodes().to_vec();
     let mocks = [
         serve_on(&nodes[0], drivers[0]).await,
