@@ -7,7 +7,8 @@
 //! list), [`discovery`] (driver sockets found at run time), [`health`] (what the HTTP listener
 //! reports), [`gauges`] (queue and driver gauges), [`balance_loop`] (leadership across replicas;
 //! its decisions in [`balance_view`]), [`reload`] (how the driver list's loads went) and
-//! [`context`] (what the hub's tasks share).
+//! [`context`] (what the hub's tasks share), [`unserved`] (drivers with VolumeAttachments
+//! waiting and no live attacher, whoever serves them).
 //! [`run`] wires them.
 
 pub mod balance_loop;
@@ -22,6 +23,7 @@ pub mod registry;
 pub mod reload;
 pub mod startup;
 pub mod supervisor;
+pub mod unserved;
 
 use std::{
     collections::HashMap,
@@ -167,6 +169,15 @@ pub async fn run(
         max_grpc_log_length,
     );
     let hub = context(shared.clone(), hub_registry, &source, &registry)?;
+    check_unserved(
+        &hub,
+        &registry,
+        balance.as_ref(),
+        &drivers,
+        &discovered,
+        &mut critical,
+        &http_stop,
+    )?;
     if let Some(b) = balance {
         critical.own(
             "leadership balancing",
@@ -394,6 +405,45 @@ fn refresh(
                 .instrument(tracing::debug_span!("api-cap")),
         ),
     );
+}
+
+/// Starts the `critical` task that reports drivers nobody attaches for ([`unserved`]), until
+/// `stop`, when this replica elects: the Lease namespace of a driver it knows nothing of is the
+/// hub's (`balance`), else its first driver's (a sidecar); `discovered` entries give theirs.
+/// Its series go to `registry`.
+fn check_unserved(
+    hub: &Arc<Context>,
+    registry: &prometheus::Registry,
+    balance: Option<&BalanceConfig>,
+    drivers: &[Settings],
+    discovered: &[NamedSettings],
+    critical: &mut Critical,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
+    let Some(lease_namespace) = balance.map(|b| b.namespace.clone()).or_else(|| {
+        drivers
+            .iter()
+            .find_map(|d| Some(d.leader_election.as_ref()?.namespace.clone()))
+    }) else {
+        // Without leader election there is no Lease to look at.
+        return Ok(());
+    };
+    let named = discovered
+        .iter()
+        .filter_map(|n| {
+            let le = n.settings().leader_election.as_ref()?;
+            Some((n.name().to_string(), le.namespace.clone()))
+        })
+        .collect();
+    let metrics = crate::metrics::UnservedMetrics::register(registry).map_err(Error::Metrics)?;
+    critical.own(
+        "the unserved-driver check",
+        Box::pin(
+            unserved::follow(hub.clone(), metrics, lease_namespace, named, stop.clone())
+                .instrument(tracing::debug_span!("unserved")),
+        ),
+    );
+    Ok(())
 }
 
 /// Runs the drivers of `source` (`drivers` at start-up, `discovered` the settings of

@@ -335,6 +335,7 @@ async fn dashboard_and_alert_queries_return_series_for_every_driver() {
         "AttacherHubAttachLatencyHigh",
         "AttacherHubDetachErrorRate",
         "AttacherHubConfigReloadFailed",
+        "AttacherHubDriverUnserved",
         "AttacherHubAbsent",
     ];
     for w in wanted {

@@ -2359,3 +2359,318 @@ async fn drivers_states(
         }
     }
 }
+
+/// The mock vendor driver of the one-replica pool tests, next to PD.
+const ONE_NODE_MOCK: &str = "pool-one.csi.example.com";
+
+/// The host directory where topology (b)'s controllers export their sockets (under a node's
+/// root).
+const EXPORT_DIR: &str = "var/lib/attacher-hub/controllers";
+
+/// Serves the mock for `driver` in `node`'s export directory, as a vendor's controller with one
+/// replica on that node would.
+async fn serve_on(node: &pods::Node, driver: &str) -> mock_csi_driver::MockHandle {
+    let dir = node.root.join(EXPORT_DIR).join(driver);
+    std::fs::create_dir_all(&dir).expect("the socket directory");
+    mock_csi_driver::MockDriver::new(driver)
+        .volumes(10_000)
+        .capabilities(mock_csi_driver::Capabilities {
+            list_volumes_published_nodes: false,
+            ..mock_csi_driver::Capabilities::default()
+        })
+        .serve(&dir.join("csi.sock"))
+        .await
+        .expect("serve the mock in the node's export directory")
+}
+
+/// Topology (b) as vendors ship their controllers, one replica each: PD's controller
+/// (`deploy/examples/gce-pd/controller-pool`, one replica, its socket exported) on one pool
+/// node, a mock vendor's controller socket on the other, so that each driver can be served by
+/// one DaemonSet pod only, and `deploy/overlays/controller-pool` as applied. The DaemonSet
+/// rolls over node by node with surge (the new pod next to the old one) while VAs of both
+/// drivers keep coming: no driver without a leader for more than a second, VAs made meanwhile
+/// attached within a second at p99, never two leaders, nothing refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn controller_pool_with_one_controller_replica_per_vendor_rolls_over() {
+    vendor_pd();
+    let (_serial, client, objects, hub_ns) = set_up("overlays/controller-pool").await;
+    let mut exported = render("examples/gce-pd/controller-pool");
+    pd_stand_ins(&mut exported);
+    let pd_ns = namespace_of(&exported);
+    clean_namespace(&client, &pd_ns).await;
+    delete_cluster_scoped(&exported);
+    let mut runner =
+        PodRunner::start(&hub_ns, &[("pool-node-a", &POOL), ("pool-node-b", &POOL)]).await;
+    runner.also_run(&pd_ns);
+    let workload = workload_of(&objects);
+    let outcome = async {
+        apply(&exported);
+        let pd = "deployment/csi-gce-pd-controller";
+        wait_rolled_out(&client, &pd_ns, pd, 1, Duration::from_secs(120)).await?;
+        let pd_node = runner
+            .pods_in(&pd_ns, "app=gcp-compute-persistent-disk-csi-driver")
+            .await
+            .into_iter()
+            .find_map(|p| p.spec?.node_name)
+            .ok_or("PD's controller pod has no node")?;
+        let other = runner
+            .nodes()
+            .iter()
+            .find(|n| n.name != pd_node)
+            .expect("two pool nodes");
+        eprintln!(
+            "PD's controller on {pd_node}; {ONE_NODE_MOCK}'s on {}",
+            other.name
+        );
+        let mock = serve_on(other, ONE_NODE_MOCK).await;
+        let began = std::time::SystemTime::now();
+        apply(&objects);
+        let rollout = roll_over(
+            &client,
+            &runner,
+            &workload,
+            &[PD, ONE_NODE_MOCK],
+            8080,
+            began,
+        )
+        .await;
+        mock.shutdown().await;
+        rollout
+    }
+    .await;
+    for kind in ["deployments", "replicasets"] {
+        let (_, _) = kubectl(
+            &["delete", kind, "--all", "-n", &pd_ns, "--ignore-not-found"],
+            None,
+        );
+    }
+    finish(&client, runner, &hub_ns, &objects).await;
+    clean_namespace(&client, &pd_ns).await;
+    delete_cluster_scoped(&exported);
+    let rollout = outcome.unwrap_or_else(|why| panic!("one controller replica per vendor: {why}"));
+    eprintln!("one controller replica per vendor: {}", rollout.summary());
+    let problems = rollout.problems(HUB_BOUNDS.0, HUB_BOUNDS.1);
+    assert!(
+        problems.is_empty(),
+        "rolling update of the pool with one controller replica per vendor: {problems:#?}"
+    );
+}
+
+/// The value of `attacher_hub_driver_unserved` for `driver` in a metrics page (`None`: no
+/// series).
+fn unserved_value(metrics: &str, driver: &str) -> Option<f64> {
+    let series = format!("attacher_hub_driver_unserved{{driver_name=\"{driver}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Polls `pod`'s metrics until `driver`'s `attacher_hub_driver_unserved` is `want`.
+async fn wait_unserved(
+    runner: &PodRunner,
+    pod: &str,
+    driver: &str,
+    want: f64,
+    timeout: Duration,
+) -> Result<Duration, String> {
+    let start = Instant::now();
+    let mut last = None;
+    loop {
+        if let Ok((200, body)) = runner.http_get(pod, 8080, "/metrics").await {
+            last = unserved_value(&body, driver);
+            if last == Some(want) {
+                return Ok(start.elapsed());
+            }
+        }
+        if start.elapsed() > timeout {
+            return Err(format!(
+                "{pod}: attacher_hub_driver_unserved of {driver} not {want} within {timeout:?} \
+                 (last {last:?})"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Topology (b) with one controller replica per vendor, and the hub pod of one driver's node
+/// gone: `deploy/overlays/controller-pool` on two pool nodes, a mock vendor's socket on each.
+/// Node a leaves the pool (its label removed: the DaemonSet controller deletes its pod, as a
+/// taint or an eviction would leave it without one), so its driver's socket has no hub. The
+/// other pod, which cannot serve that driver, reports it: `attacher_hub_driver_unserved` goes
+/// to 1 for it (0 for its own) while its VAs wait unattached; node a back in the pool, its new
+/// pod attaches them and the metric goes back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_driver_whose_hub_pod_is_gone_shows_as_unserved_on_the_other_pod() {
+    let (_serial, client, objects, hub_ns) = set_up("overlays/controller-pool").await;
+    let runner = PodRunner::start(&hub_ns, &[("pool-node-a", &POOL), ("pool-node-b", &POOL)]).await;
+    // Short names: the mock's socket path under the node's root must fit a Unix socket address.
+    let drivers = ["lone-a.csi.example.com", "lone-b.csi.example.com"];
+    let nodes = runner.nodes().to_vec();
+    let mocks = [
+        serve_on(&nodes[0], drivers[0]).await,
+        serve_on(&nodes[1], drivers[1]).await,
+    ];
+    let workload = workload_of(&objects);
+    let node_api: Api<Node> = Api::all(client.clone());
+    let pool_label =
+        |value: Option<&str>| Patch::Merge(json!({"metadata": {"labels": {POOL[0].0: value}}}));
+    apply(&objects);
+    let outcome = async {
+        wait_rolled_out(
+            &client,
+            &hub_ns,
+            &workload.name,
+            2,
+            Duration::from_secs(120),
+        )
+        .await?;
+        for d in drivers {
+            wait_holder(
+                &client,
+                (&hub_ns, d),
+                ("a hub pod", &|h: &str| h.starts_with("attacher-hub-node-")),
+                Duration::from_secs(60),
+            )
+            .await?;
+        }
+        volume_node(&client, VOLUME_NODE, &drivers).await;
+        let (attached, attach_watch) = watch_attached(&client);
+        let pod_on = |node: String| {
+            let runner = &runner;
+            let selector = workload.selector.clone();
+            async move {
+                runner
+                    .pods(&selector)
+                    .await
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()) == Some(&node))
+                    .and_then(|p| p.metadata.name)
+            }
+        };
+        let other = pod_on(nodes[1].name.clone())
+            .await
+            .ok_or("no hub pod on node b")?;
+        // Served: both drivers show 0 once a VA names them.
+        let (created, stop_creating, creator) =
+            create_volumes(&client, VOLUME_NODE, &drivers, Duration::from_millis(400));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let _ = stop_creating.send(true);
+        let _ = creator.await;
+        for d in drivers {
+            wait_unserved(&runner, &other, d, 0.0, Duration::from_secs(60)).await?;
+        }
+
+        // Node a leaves the pool: its hub pod goes, driver a's socket stays.
+        node_api
+            .patch(&nodes[0].name, &PatchParams::default(), &pool_label(None))
+            .await
+            .map_err(|e| format!("unlabel node a: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while runner
+            .pods(&workload.selector)
+            .await
+            .iter()
+            .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()) == Some(&nodes[0].name))
+        {
+            if Instant::now() > deadline {
+                return Err("node a's hub pod still there a minute after unlabelling".into());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let gone = Instant::now();
+        let (waiting, stop_creating, creator) =
+            create_volumes(&client, VOLUME_NODE, &drivers, Duration::from_millis(500));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let _ = stop_creating.send(true);
+        let _ = creator.await;
+        // 30 s for a VA to count as waiting, a check every 15 s, and the released Lease read
+        // twice: within 70 s of the pod's end.
+        let shown =
+            wait_unserved(&runner, &other, drivers[0], 1.0, Duration::from_secs(120)).await?;
+        eprintln!(
+            "{} unserved on {other} {:.1} s after its hub pod went",
+            drivers[0],
+            gone.elapsed().as_secs_f64()
+        );
+        let _ = shown;
+        wait_unserved(&runner, &other, drivers[1], 0.0, Duration::from_secs(5)).await?;
+        let names: Vec<String> = waiting.lock().expect("created").keys().cloned().collect();
+        let (a_names, b_names): (Vec<&String>, Vec<&String>) = {
+            let all = client.clone();
+            let vas: Api<VolumeAttachment> = Api::all(all);
+            let mut a = Vec::new();
+            let mut b = Vec::new();
+            for n in &names {
+                let v = vas.get(n).await.map_err(|e| format!("get {n}: {e}"))?;
+                if v.spec.attacher == drivers[0] {
+                    a.push(n);
+                } else {
+                    b.push(n);
+                }
+            }
+            (a, b)
+        };
+        {
+            let attached = attached.lock().expect("attached");
+            if let Some(n) = a_names.iter().find(|n| attached.contains_key(**n)) {
+                return Err(format!("{n} of the unserved driver was attached"));
+            }
+            if let Some(n) = b_names.iter().find(|n| !attached.contains_key(**n)) {
+                return Err(format!("{n} of the served driver was not attached"));
+            }
+        }
+
+        // Node a back in the pool: its new pod serves driver a again.
+        node_api
+            .patch(
+                &nodes[0].name,
+                &PatchParams::default(),
+                &pool_label(Some(POOL[0].1)),
+            )
+            .await
+            .map_err(|e| format!("label node a: {e}"))?;
+        let back = Instant::now();
+        let deadline = back + Duration::from_secs(120);
+        while a_names
+            .iter()
+            .any(|n| !attached.lock().expect("attached").contains_key(*n))
+        {
+            if Instant::now() > deadline {
+                return Err(
+                    "the waiting VAs not attached two minutes after node a came back".into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        wait_unserved(&runner, &other, drivers[0], 0.0, Duration::from_secs(60)).await?;
+        eprintln!(
+            "{} served again {:.1} s after node a came back",
+            drivers[0],
+            back.elapsed().as_secs_f64()
+        );
+        attach_watch.abort();
+        let mut all: Vec<String> = created.lock().expect("created").keys().cloned().collect();
+        all.extend(names);
+        let not_detached = detach_all(&client, &all, Duration::from_secs(90)).await;
+        delete_volumes(&client, &all).await;
+        if !not_detached.is_empty() {
+            return Err(format!("not detached: {not_detached:?}"));
+        }
+        Ok::<(), String>(())
+    }
+    .await;
+    let _ = node_api
+        .patch(
+            &nodes[0].name,
+            &PatchParams::default(),
+            &pool_label(Some(POOL[0].1)),
+        )
+        .await;
+    finish(&client, runner, &hub_ns, &objects).await;
+    for m in mocks {
+        m.shutdown().await;
+    }
+    outcome.unwrap_or_else(|why| panic!("unserved driver: {why}"));
+}
