@@ -88,6 +88,42 @@ pub(crate) struct Shared {
     pod_index: AtomicUsize,
     /// Network namespace of each running pod, by pod name.
     netns: Mutex<HashMap<String, PathBuf>>,
+    /// The lock on `dir` (released when the runner's last task lets go of this).
+    _lock: Arc<std::fs::File>,
+}
+
+/// The lock on the runner directory of `namespace` under `root`: taken from another process
+/// (another test suite) by waiting for it, shared within this one (a test may start a runner
+/// for a namespace before the last one's tasks are all gone).
+async fn directory_lock(root: &std::path::Path, namespace: &str) -> Arc<std::fs::File> {
+    static HELD: std::sync::Mutex<BTreeMap<String, std::sync::Weak<std::fs::File>>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    if let Some(held) = HELD
+        .lock()
+        .expect("the runners' locks")
+        .get(namespace)
+        .and_then(std::sync::Weak::upgrade)
+    {
+        return held;
+    }
+    let path = root.join(format!("{namespace}.lock"));
+    let file = tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::create(&path)?;
+        file.lock()?;
+        Ok::<_, std::io::Error>(file)
+    })
+    .await
+    .expect("the runner's lock")
+    .unwrap_or_else(|e| panic!("locking the runner directory of {namespace}: {e}"));
+    let mut held = HELD.lock().expect("the runners' locks");
+    // Another runner of this process may have taken it meanwhile: then it is ours already,
+    // and this file (a second lock on it would wait for ourselves) is dropped.
+    if let Some(other) = held.get(namespace).and_then(std::sync::Weak::upgrade) {
+        return other;
+    }
+    let file = Arc::new(file);
+    held.insert(namespace.to_string(), Arc::downgrade(&file));
+    file
 }
 
 impl Shared {
@@ -179,13 +215,14 @@ impl PodRunner {
         )
         .expect("the cluster's CA");
         // Short, so that a socket a test serves in a node's directory stays within the 108
-        // bytes of a Unix socket address: /tmp/ahp/<API server port>/<namespace>/n-<node>/...
-        // The port keeps apart the runners of two test suites on one machine (two clones'
-        // `make test`), whose tests use the same namespaces on control planes of their own.
-        let dir = std::env::temp_dir()
-            .join("ahp")
-            .join(port.to_string())
-            .join(namespace);
+        // bytes of a Unix socket address: /tmp/ahp/<namespace>/n-<node>/... (the longest the
+        // tests make has one byte to spare). Two test suites on one machine (two clones'
+        // `make test`, each on a control plane of its own) run the same tests in the same
+        // namespaces: the directory is theirs in turn, under a lock held as long as the runner.
+        let root = std::env::temp_dir().join("ahp");
+        std::fs::create_dir_all(&root).expect("the runners' directory");
+        let dir = root.join(namespace);
+        let lock = directory_lock(&root, namespace).await;
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("the runner's directory");
         let shared = Arc::new(Shared {
@@ -195,6 +232,7 @@ impl PodRunner {
             ca,
             pod_index: AtomicUsize::new(0),
             netns: Mutex::new(HashMap::new()),
+            _lock: lock,
         });
         let mut made = Vec::new();
         for (i, (name, labels)) in nodes.iter().enumerate() {
