@@ -13,7 +13,8 @@ use super::{
     Driver, State,
     context::Shared,
     life_course::{
-        Capable, Restarts, capable, hand_over_pause, is_node_plugin, step_down_pause, wrong_name,
+        Capable, Ending, Restarts, capable, hand_over_pause, is_node_plugin, step_down_pause,
+        wrong_name,
     },
     term::{GuardFeed, Outcome, Term, stop_or_loss},
 };
@@ -47,7 +48,11 @@ impl Driver {
             let started = tokio::time::Instant::now();
             let outcome = self.clone().run_once(&shared, &stop).await;
             self.forget_name(&shared);
-            let pause = restarts.after_life(started.elapsed());
+            let ending = match outcome {
+                Outcome::ConnectionLost => Ending::Lost,
+                _ => Ending::Failed,
+            };
+            let pause = restarts.after_life(started.elapsed(), ending);
             match outcome {
                 Outcome::Stopped => {
                     self.set_state(State::Stopped);

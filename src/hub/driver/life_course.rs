@@ -22,24 +22,49 @@ const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// longest pause starts the count over: a socket that accepts and drops connections at once,
 /// or a step that keeps failing, is retried ever more slowly, never in a hot loop, and a
 /// driver that served a while restarts quickly.
+///
+/// A lost connection is the exception, once per count: the next life starts at once. Losing
+/// the connection is what a rolling update of the driver's controller does (its old Pod goes,
+/// a new one binds the same socket a moment later), and the connect loop already waits for
+/// the socket (100 ms doubling to 1 s); a pause on top of it would only leave the driver
+/// without its attacher while the rollout moves on to the next replica. A second loss before
+/// the longest pause has passed earns the doubling pauses as any early end does.
 #[derive(Clone, Debug)]
-pub(super) struct Restarts(Backoff);
+pub(super) struct Restarts {
+    pauses: Backoff,
+    /// Whether the next lost connection may be followed at once.
+    at_once: bool,
+}
+
+/// How a driver's life ended, as far as the pause before the next one goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// The connection to the driver was lost.
+    Lost,
+    /// A step failed (or the life ended for another reason).
+    Failed,
+}
 
 impl Restarts {
     /// A driver that has not lived yet.
     pub(super) fn new() -> Self {
-        Self(Backoff::new(Doubling::new(
-            RESTART_BACKOFF_START,
-            RESTART_BACKOFF_MAX,
-        )))
+        Self {
+            pauses: Backoff::new(Doubling::new(RESTART_BACKOFF_START, RESTART_BACKOFF_MAX)),
+            at_once: true,
+        }
     }
 
-    /// The pause before the next life, after one that `lasted` so long.
-    pub(super) fn after_life(&mut self, lasted: Duration) -> Duration {
+    /// The pause before the next life, after one that `lasted` so long and ended so.
+    pub(super) fn after_life(&mut self, lasted: Duration, ending: Ending) -> Duration {
         if lasted >= RESTART_BACKOFF_MAX {
-            self.0.reset();
+            self.pauses.reset();
+            self.at_once = true;
         }
-        self.0.fail()
+        if ending == Ending::Lost && self.at_once {
+            self.at_once = false;
+            return Duration::ZERO;
+        }
+        self.pauses.fail()
     }
 }
 
@@ -111,34 +136,64 @@ mod tests {
     #[test]
     fn lives_that_end_early_earn_doubling_pauses_up_to_the_longest() {
         let mut restarts = Restarts::new();
-        let pauses: Vec<_> = (0..8).map(|_| restarts.after_life(S / 10)).collect();
+        let pauses: Vec<_> = (0..8)
+            .map(|_| restarts.after_life(S / 10, Ending::Failed))
+            .collect();
         assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30, 30].map(|s| s * S));
     }
 
     #[test]
     fn a_life_that_lasted_the_longest_pause_starts_the_pauses_over() {
         let mut restarts = Restarts::new();
-        assert_eq!(restarts.after_life(S), S);
-        assert_eq!(restarts.after_life(S), 2 * S);
-        assert_eq!(restarts.after_life(S), 4 * S);
+        assert_eq!(restarts.after_life(S, Ending::Failed), S);
+        assert_eq!(restarts.after_life(S, Ending::Failed), 2 * S);
+        assert_eq!(restarts.after_life(S, Ending::Failed), 4 * S);
         assert_eq!(
-            restarts.after_life(30 * S - S / 10),
+            restarts.after_life(30 * S - S / 10, Ending::Failed),
             8 * S,
             "just short of it"
         );
         assert_eq!(
-            restarts.after_life(30 * S),
+            restarts.after_life(30 * S, Ending::Failed),
             S,
             "lasted: the first pause again"
         );
-        assert_eq!(restarts.after_life(Duration::ZERO), 2 * S);
-        assert_eq!(restarts.after_life(3600 * S), S);
+        assert_eq!(restarts.after_life(Duration::ZERO, Ending::Failed), 2 * S);
+        assert_eq!(restarts.after_life(3600 * S, Ending::Failed), S);
     }
 
     #[test]
     fn the_first_life_earns_the_first_pause_however_long_it_lasted() {
-        assert_eq!(Restarts::new().after_life(Duration::ZERO), S);
-        assert_eq!(Restarts::new().after_life(60 * S), S);
+        assert_eq!(
+            Restarts::new().after_life(Duration::ZERO, Ending::Failed),
+            S
+        );
+        assert_eq!(Restarts::new().after_life(60 * S, Ending::Failed), S);
+    }
+
+    #[test]
+    fn a_lost_connection_is_followed_at_once_then_by_the_pauses_of_an_early_end() {
+        let mut restarts = Restarts::new();
+        // The driver's controller replaced: reconnect at once (the connect loop waits for
+        // the socket).
+        assert_eq!(restarts.after_life(10 * S, Ending::Lost), Duration::ZERO);
+        // Lost again soon after: a socket that drops connections earns the doubling pauses.
+        let again: Vec<_> = (0..4)
+            .map(|_| restarts.after_life(S / 10, Ending::Lost))
+            .collect();
+        assert_eq!(again, [1, 2, 4, 8].map(|s| s * S));
+        // A life as long as the longest pause earns the immediate start again.
+        assert_eq!(restarts.after_life(30 * S, Ending::Lost), Duration::ZERO);
+        assert_eq!(restarts.after_life(S, Ending::Lost), S);
+    }
+
+    #[test]
+    fn a_failed_step_never_restarts_at_once() {
+        let mut restarts = Restarts::new();
+        assert_eq!(restarts.after_life(3600 * S, Ending::Failed), S);
+        // Nor does it use up the immediate start a lost connection earns.
+        assert_eq!(restarts.after_life(S, Ending::Lost), Duration::ZERO);
+        assert_eq!(restarts.after_life(S, Ending::Failed), 2 * S);
     }
 
     #[test]
