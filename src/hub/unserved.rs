@@ -217,7 +217,8 @@ fn lease_namespace<'a>(
         .to_string()
 }
 
-/// Every [`CHECK_INTERVAL`] until `stop` (the first once the caches are synced): the drivers
+/// Every [`CHECK_INTERVAL`] until `stop` (the first once the caches are synced and start-up is
+/// over): the drivers
 /// named by the cached VolumeAttachments and those this replica serves with leader election,
 /// their Leases read where needed (in `named`'s namespace for drivers with an entry there, else
 /// in `default_namespace`), and `metrics` set; a driver no VolumeAttachment names any more loses
@@ -231,9 +232,18 @@ pub(crate) async fn follow(
 ) {
     let mut readings: HashMap<String, Reading> = HashMap::new();
     let mut verdicts: HashMap<String, bool> = HashMap::new();
+    // The first check once the caches are synced and the first configuration's drivers have
+    // started (or the start-up limit passed): a driver this replica serves then has its series
+    // from the first check, not one interval later.
     tokio::select! {
         () = stop.cancelled() => return,
         () = hub.shared.stores.wait_synced() => {}
+    }
+    while !hub.started() {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(super::startup::POLL) => {}
+        }
     }
     let mut tick = tokio::time::interval(CHECK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -518,6 +528,10 @@ mod tests {
                     .map(str::to_string)
             })
         };
+        // Before start-up is over (the first configuration not yet applied), no check runs.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(value(), None, "checked before start-up was over");
+        hub.first_reconcile.cancel();
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(value().as_deref(), Some("1"), "no Lease at all");
         let gets = |ns: &str| {
