@@ -209,7 +209,19 @@ async fn a_quiet_driver_never_waits_for_a_busy_drivers_budget() {
         .wait_attached(&busy, BATCH_TIMEOUT)
         .await
         .expect("all busy VAs attached");
-    let text = metrics(&s.hub).await;
+    // The watch can see the last status write before the hub has read its response (and
+    // counted the request): read the metrics once the busy driver's counts have settled, every
+    // request that waited for the budget answered.
+    let settled = |text: &str| {
+        let of = |name: &str| metric_sum(text, name, &[("driver_name", &s.busy.name)]);
+        of("attacher_hub_api_budget_wait_seconds_count") == of("attacher_hub_api_requests_total")
+    };
+    let mut text = metrics(&s.hub).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !settled(&text) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        text = metrics(&s.hub).await;
+    }
     let throttled = metric_sum(
         &text,
         "attacher_hub_api_throttled_requests_total",
