@@ -77,11 +77,8 @@ pub(crate) async fn balance_leases(
         () = stop.cancelled() => return,
         () = hub.first_reconcile.cancelled() => {}
     }
-    while !hub.started() {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(super::startup::POLL) => {}
-        }
+    if !super::startup::wait_over(&hub, &stop).await {
+        return;
     }
     let mut tick = tokio::time::interval(balancer.config.retry_period);
     // A reload that adds or removes drivers changes the share at once, not a period later.

@@ -107,16 +107,21 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// happens, not only when readiness is asked (a probe that comes after a driver went down
 /// again would otherwise find start-up still going).
 pub async fn follow(hub: std::sync::Arc<super::context::Context>, stop: CancellationToken) {
-    loop {
-        if hub.started() {
-            break;
-        }
+    if wait_over(&hub, &stop).await {
+        stop.cancelled().await;
+    }
+}
+
+/// Waits until start-up is over, looking every [`POLL`]: true then, false if `stop` came first.
+/// What waits for start-up (the leadership balance, the unserved check) waits here.
+pub async fn wait_over(hub: &super::context::Context, stop: &CancellationToken) -> bool {
+    while !hub.started() {
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => return false,
             () = tokio::time::sleep(POLL) => {}
         }
     }
-    stop.cancelled().await;
+    true
 }
 
 impl Default for Startup {

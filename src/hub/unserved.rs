@@ -218,11 +218,11 @@ fn lease_namespace<'a>(
 }
 
 /// Every [`CHECK_INTERVAL`] until `stop` (the first once the caches are synced and start-up is
-/// over): the drivers
-/// named by the cached VolumeAttachments and those this replica serves with leader election,
-/// their Leases read where needed (in `named`'s namespace for drivers with an entry there, else
-/// in `default_namespace`), and `metrics` set; a driver no VolumeAttachment names any more loses
-/// its series unless this replica serves it. Logs each change of a driver's verdict.
+/// over): the drivers named by the cached VolumeAttachments and those this replica serves with
+/// leader election, their Leases read where needed (in `named`'s namespace for drivers with an
+/// entry there, else in `default_namespace`), and `metrics` set; a driver no VolumeAttachment
+/// names any more loses its series unless this replica serves it. Logs each change of a
+/// driver's verdict.
 pub(crate) async fn follow(
     hub: Arc<Context>,
     metrics: UnservedMetrics,
@@ -239,11 +239,8 @@ pub(crate) async fn follow(
         () = stop.cancelled() => return,
         () = hub.shared.stores.wait_synced() => {}
     }
-    while !hub.started() {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(super::startup::POLL) => {}
-        }
+    if !super::startup::wait_over(&hub, &stop).await {
+        return;
     }
     let mut tick = tokio::time::interval(CHECK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
