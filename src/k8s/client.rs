@@ -21,6 +21,16 @@ pub fn client(config: &kube::Config, transport: &Transport) -> kube::Result<kube
     use kube::client::ConfigExt;
     use tower::ServiceBuilder;
 
+    let mut config = config.clone();
+    if !config
+        .headers
+        .iter()
+        .any(|(name, _)| name == http::header::USER_AGENT)
+    {
+        config
+            .headers
+            .push((http::header::USER_AGENT, user_agent()));
+    }
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
@@ -29,6 +39,24 @@ pub fn client(config: &kube::Config, transport: &Transport) -> kube::Result<kube
         .layer(super::pushback::RetryAfterLayer)
         .service(transport.clone());
     Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
+/// The `User-Agent` of every request, in client-go's shape (`<program>/<version> (<os>/<arch>)`,
+/// Go's names for the architecture): what the API server's audit log, its flow-control
+/// matching and an operator reading either tell attacher-hub's requests by. kube's own client
+/// stack, which [`client`] replaces, would have sent none.
+pub fn user_agent() -> http::HeaderValue {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let agent = format!(
+        "attacher-hub/v{} ({}/{arch})",
+        env!("ATTACHER_HUB_VERSION"),
+        std::env::consts::OS
+    );
+    http::HeaderValue::try_from(agent).expect("a version and platform names are visible ASCII")
 }
 
 /// Why no client configuration could be built. Each variant says its cause once, with the path

@@ -556,6 +556,18 @@ async fn record(mode: Mode) -> BTreeSet<Request> {
             "{mode:?}: no streaming list of VolumeAttachments: {uris:#?}"
         );
     }
+    // Every request names its program, as client-go's do: the audit log, the API server's
+    // flow schemas and an operator tell attacher-hub's requests by their User-Agent.
+    let agents: BTreeSet<String> = support::audit_events(&user)
+        .iter()
+        .map(|e| e["userAgent"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        agents
+            .iter()
+            .all(|a| a.starts_with("attacher-hub/v") && a.contains(" (linux/")),
+        "{mode:?}: requests without attacher-hub's User-Agent: {agents:?}"
+    );
     audited(&user, &ns)
 }
 
