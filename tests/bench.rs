@@ -33,6 +33,8 @@ mod support;
 
 #[path = "bench/control_plane.rs"]
 mod control_plane;
+#[path = "bench/periodic.rs"]
+mod periodic;
 #[path = "bench/plot.rs"]
 mod plot;
 #[path = "bench/report.rs"]

@@ -163,6 +163,9 @@ pub(crate) struct DriverPoint {
     pub(crate) p99: Option<f64>,
     /// ControllerPublish calls beyond the first for a volume under the load.
     pub(crate) duplicate_publishes: Option<usize>,
+    /// The contender's requests (and ListVolumes calls) per minute per driver while idle
+    /// ([`crate::periodic`]; per driver of those that ran, so not scaled).
+    pub(crate) periodic: BTreeMap<String, f64>,
     /// What the idle window cost the control plane (scaled like the other idle figures: the
     /// watches and Lease renewals of N sidecars are N times those of one).
     pub(crate) plane: control_plane::Cost,
@@ -364,6 +367,11 @@ pub(crate) async fn drivers_sweep(cluster: &Cluster, k: &ScaleKnobs, out: &mut S
                 p99: load.as_ref().and_then(|l| l.p99),
                 duplicate_publishes: load.as_ref().map(|l| l.duplicate_publishes),
                 plane: idle.plane.scaled(scale),
+                periodic: crate::periodic::per_driver_minute(
+                    &idle.periodic,
+                    idle.attach_window,
+                    ran,
+                ),
             };
             eprintln!(
                 "bench: scale-drivers {n} {contender:?} ({:.0} s){}: idle {:.1} MiB, {:.1} m CPU, \

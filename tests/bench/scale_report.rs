@@ -258,6 +258,36 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
                 &per,
             ));
         }
+        let _ = writeln!(
+            md,
+            "\n### Periodic requests while idle\n\nWhat each contender asked of the API server in its \
+             {:.0} s idle window, from the API server's audit log (the attachers' identity only, so \
+             none of the benchmark's own requests), and its drivers' ListVolumes calls, per driver and \
+             minute. The watches' caches resync in memory: no request.\n",
+            r.idle_window.as_secs_f64()
+        );
+        let mut counts: Vec<usize> = r
+            .drivers
+            .values()
+            .flat_map(|v| v.iter().map(|p| p.drivers))
+            .collect();
+        counts.sort_unstable();
+        counts.dedup();
+        for n in counts {
+            if let (Some(h), Some(f)) = (point(r, Contender::Hub, n), point(r, Contender::Fleet, n))
+            {
+                let scaled = if f.scaled {
+                    " (the Go figures from 10 sidecars)"
+                } else {
+                    ""
+                };
+                md.push_str(&crate::periodic::table(
+                    &format!("**{n} drivers**{scaled}"),
+                    &f.periodic,
+                    &h.periodic,
+                ));
+            }
+        }
     }
     if !r.objects.is_empty() {
         let _ = writeln!(

@@ -203,6 +203,9 @@ pub(crate) struct Sample {
     /// Idle runs: writes to the Leases of the run's namespace during the window, by Lease
     /// (from a watch), and the seconds they were counted over.
     pub(crate) lease_writes: Option<(BTreeMap<String, usize>, f64)>,
+    /// Idle runs: the contender's requests during the window, by kind, from the API server's
+    /// audit log ([`crate::periodic`]), and its drivers' ListVolumes calls (`CSI ListVolumes`).
+    pub(crate) periodic: BTreeMap<String, usize>,
     /// ControllerPublishVolume calls for the workload's VAs (the noisy driver's included).
     pub(crate) publishes: usize,
     /// Of those, calls beyond the first for the same volume and node.
@@ -391,6 +394,11 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
     let plane =
         crate::control_plane::Window::open(crate::control_plane::Plane::of(cluster), &client).await;
     let started = Instant::now();
+    let started_at = std::time::SystemTime::now();
+    let list_volumes0 = match spec.workload {
+        Workload::Idle { .. } => list_volumes(&mocks).await,
+        _ => 0,
+    };
     match spec.workload {
         Workload::Uniform { .. } | Workload::Partial { .. } => {
             let names: Vec<String> = measured.iter().map(|p| p.va.clone()).collect();
@@ -479,6 +487,13 @@ pub(crate) async fn run(cluster: &Cluster, contender: Contender, spec: &RunSpec)
         Workload::Idle { window } => {
             tokio::time::sleep(window).await;
             sample.attach_window = started.elapsed().as_secs_f64();
+            sample.periodic = crate::periodic::audited(started_at, std::time::SystemTime::now());
+            let list_volumes = list_volumes(&mocks).await - list_volumes0;
+            if list_volumes > 0 {
+                sample
+                    .periodic
+                    .insert("CSI ListVolumes".to_string(), list_volumes);
+            }
             sample.lease_writes = lease_writes.map(LeaseWrites::stop);
             let before = Instant::now();
             let m1 = ApiServerMetrics::scrape(&client).await;
@@ -620,6 +635,20 @@ impl ConnectionSampler {
         self.task.abort();
         self.most.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// ListVolumes calls the drivers have had so far, all of them together.
+async fn list_volumes(mocks: &[MockProcess]) -> usize {
+    let mut n = 0;
+    for mock in mocks {
+        n += mock
+            .calls()
+            .await
+            .iter()
+            .filter(|c| c.method == "ListVolumes")
+            .count();
+    }
+    n
 }
 
 /// Counts the writes to the Leases of [`LEASE_NAMESPACE`] while an idle window runs, one per

@@ -18,6 +18,10 @@ mod scenario;
 #[path = "../bench/control_plane.rs"]
 #[allow(dead_code)]
 mod control_plane;
+// The idle windows' requests, from the audit log.
+#[path = "../bench/periodic.rs"]
+#[allow(dead_code)]
+mod periodic;
 #[path = "../bench/squeeze.rs"]
 #[allow(dead_code)] // its bench section
 mod squeeze;
