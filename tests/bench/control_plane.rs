@@ -16,10 +16,14 @@
 //!   of WATCH responses (`apiserver_response_sizes_sum`), and the requests the API server made
 //!   to etcd for them (`etcd_requests_total`).
 //!
+//! * from the API server's log, the watches on those resources it cut off because their client
+//!   fell behind (`Forcing ... watcher close due to unresponsiveness`: a watcher whose buffered
+//!   events the client did not take in time; the client then watches again from where it was).
+//!
 //! Other clients of the control plane during a window (the benchmark's own watches) count in
 //! both contenders' figures alike; the baseline removes only CPU.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -53,10 +57,16 @@ impl Plane {
             .kubeconfig
             .parent()
             .expect("the kubeconfig lives in the cluster directory");
+        let _ = APISERVER_LOG.set(dir.join("apiserver.log"));
         Plane {
             apiserver: pid(dir, "apiserver"),
             etcd: pid(dir, "etcd"),
         }
+    }
+
+    /// The API server's log, where it names the watches it cuts off.
+    fn log() -> Option<&'static Path> {
+        APISERVER_LOG.get().map(PathBuf::as_path)
     }
 
     fn cpu(self) -> (f64, f64) {
@@ -69,6 +79,33 @@ impl Plane {
             status_mib(self.etcd, "VmRSS:"),
         )
     }
+}
+
+/// The API server's log of this run's control plane (one per benchmark run).
+static APISERVER_LOG: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// What the API server logs when it cuts off a watch whose client does not take its events.
+const CUT_OFF: &str = "watcher close due to unresponsiveness";
+
+/// Watches on the attachers' resources the API server cut off in `log` from byte `from` on.
+fn cut_off_since(log: &Path, from: u64) -> f64 {
+    use std::io::{Read, Seek};
+    let Ok(mut file) = std::fs::File::open(log) else {
+        return 0.0;
+    };
+    let mut text = String::new();
+    if file.seek(std::io::SeekFrom::Start(from)).is_err() || file.read_to_string(&mut text).is_err()
+    {
+        return 0.0;
+    }
+    text.lines()
+        .filter(|l| l.contains(CUT_OFF))
+        .filter(|l| {
+            RESOURCES
+                .iter()
+                .any(|r| l.contains(&format!("Forcing {r}")))
+        })
+        .count() as f64
 }
 
 fn pid(dir: &Path, name: &str) -> u32 {
@@ -204,6 +241,8 @@ pub(crate) struct Cost {
     pub(crate) watch_bytes: f64,
     /// Requests of the API server to etcd for the attachers' resources.
     pub(crate) etcd_requests: f64,
+    /// Watches on those resources the API server cut off because their client fell behind.
+    pub(crate) cut_off: f64,
 }
 
 impl Cost {
@@ -220,6 +259,7 @@ impl Cost {
             list_bytes: self.list_bytes * factor,
             watch_bytes: self.watch_bytes * factor,
             etcd_requests: self.etcd_requests * factor,
+            cut_off: self.cut_off * factor,
         }
     }
 }
@@ -231,6 +271,8 @@ pub(crate) struct Window {
     cpu: (f64, f64),
     rss: (f64, f64),
     counters: Counters,
+    /// The length of the API server's log when the window opened.
+    log_from: u64,
     /// Highest RSS seen so far, KiB, apiserver and etcd.
     peaks: Arc<[AtomicU64; 2]>,
     sampler: tokio::task::JoinHandle<()>,
@@ -258,6 +300,9 @@ impl Window {
             cpu: plane.cpu(),
             rss,
             counters,
+            log_from: Plane::log()
+                .and_then(|l| std::fs::metadata(l).ok())
+                .map_or(0, |m| m.len()),
             peaks,
             sampler,
         }
@@ -281,6 +326,7 @@ impl Window {
             list_bytes: counters.list_bytes,
             watch_bytes: counters.watch_bytes,
             etcd_requests: counters.etcd_requests,
+            cut_off: Plane::log().map_or(0.0, |l| cut_off_since(l, self.log_from)),
         }
     }
 }
@@ -303,6 +349,7 @@ pub(crate) fn median(costs: &[Cost]) -> Cost {
         list_bytes: m(&|c| c.list_bytes),
         watch_bytes: m(&|c| c.watch_bytes),
         etcd_requests: m(&|c| c.etcd_requests),
+        cut_off: m(&|c| c.cut_off),
     }
 }
 
@@ -314,14 +361,14 @@ pub(crate) fn table(title: &str, rows: &[(String, Cost)]) -> String {
     let _ = writeln!(md, "\n{title}\n");
     let _ = writeln!(
         md,
-        "| contender | window (s) | API server CPU (s) | API server peak RSS (MiB) | etcd CPU (s) | etcd peak RSS (MiB) | etcd requests | watch events | watch event MiB | LIST MiB | WATCH MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|"
+        "| contender | window (s) | API server CPU (s) | API server peak RSS (MiB) | etcd CPU (s) | etcd peak RSS (MiB) | etcd requests | watch events | watch event MiB | LIST MiB | WATCH MiB | watches cut off |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let mib = |b: f64| b / (1024.0 * 1024.0);
     for (name, c) in rows {
         let _ = writeln!(
             md,
-            "| {name} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            "| {name} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} |",
             c.seconds,
             c.apiserver_cpu,
             c.apiserver_peak_rss,
@@ -332,6 +379,7 @@ pub(crate) fn table(title: &str, rows: &[(String, Cost)]) -> String {
             mib(c.watch_event_bytes),
             mib(c.list_bytes),
             mib(c.watch_bytes),
+            c.cut_off,
         );
     }
     if let Some((first, base)) = rows.first() {
@@ -345,7 +393,7 @@ pub(crate) fn table(title: &str, rows: &[(String, Cost)]) -> String {
         for (name, c) in &rows[1..] {
             let _ = writeln!(
                 md,
-                "| {name} / {first} | {} | **{}** | **{}** | {} | {} | **{}** | **{}** | {} | {} | {} |",
+                "| {name} / {first} | {} | **{}** | **{}** | {} | {} | **{}** | **{}** | {} | {} | {} | |",
                 ratio(c.seconds, base.seconds),
                 ratio(c.apiserver_cpu, base.apiserver_cpu),
                 ratio(c.apiserver_peak_rss, base.apiserver_peak_rss),
@@ -365,6 +413,28 @@ pub(crate) fn table(title: &str, rows: &[(String, Cost)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cut_off_watches_are_counted_from_the_windows_start_on_the_attachers_resources() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("apiserver.log");
+        let line = |r: &str| {
+            format!(
+                "I1207 10:16:37.076443 12553 cache_watcher.go:214] Forcing {r}.storage.k8s.io \
+                 watcher close due to unresponsiveness: key: \"/{r}/\", labels: \"\"\n"
+            )
+        };
+        let before = line("volumeattachments");
+        let after = [
+            line("volumeattachments"),
+            line("pods"),
+            "I1207 other\n".into(),
+        ]
+        .concat();
+        std::fs::write(&log, format!("{before}{after}")).expect("write");
+        assert_eq!(cut_off_since(&log, before.len() as u64), 1.0);
+        assert_eq!(cut_off_since(&log, 0), 2.0);
+    }
 
     #[test]
     fn counters_sum_the_attachers_resources_only_and_split_list_from_watch_bytes() {
