@@ -116,7 +116,7 @@ impl Knobs {
     fn from_env() -> Knobs {
         let configs: String = env_or(
             "BENCH_CONFIGS",
-            "a,b,c,d,e1,e2,f,startup,scale-objects,scale-drivers,squeeze".to_string(),
+            "a,b,bp,c,d,e1,e2,f,startup,scale-objects,scale-drivers,squeeze".to_string(),
         );
         Knobs {
             configs: configs
@@ -246,6 +246,25 @@ fn configs(k: &Knobs, hub_has_cap: bool) -> Vec<Config> {
             contenders: both.clone(),
             extra: 0,
             not_run: None,
+        },
+        Config {
+            id: report::PACED,
+            title: format!(
+                "b at the Go fleet's pace (the hub's process-wide cap set to the fleet's write rate in {})",
+                report::PACED_LIKE
+            ),
+            // The cap comes from the fleet's figures of the same run, when it is reached.
+            spec: spec(
+                report::PACED,
+                with(seed_flags(), &raised),
+                vec![],
+                Workload::Uniform {
+                    per_driver: k.b_vas,
+                },
+            ),
+            contenders: vec![Contender::Hub],
+            extra: 0,
+            not_run: cap_not_run.clone(),
         },
         Config {
             id: "c",
@@ -463,7 +482,24 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
     control_plane::Baseline::init(cluster).await;
 
     let mut results = Vec::new();
-    for config in configs(&knobs, hub_has_cap) {
+    for mut config in configs(&knobs, hub_has_cap) {
+        if config.id == report::PACED && config.not_run.is_none() {
+            match report::fleet_write_rate(&results, report::PACED_LIKE) {
+                Some(rate) => {
+                    let rate = rate.round().max(1.0);
+                    config.spec.hub_flags = vec![
+                        format!("--hub-kube-api-qps={rate}"),
+                        format!("--hub-kube-api-burst={rate}"),
+                    ];
+                }
+                None => {
+                    config.not_run = Some(format!(
+                        "needs {}'s Go fleet from the same run (BENCH_CONFIGS)",
+                        report::PACED_LIKE
+                    ));
+                }
+            }
+        }
         let mut result = ConfigResult {
             id: config.id.to_string(),
             title: config.title.clone(),

@@ -34,6 +34,21 @@ pub(crate) struct ConfigResult {
     pub(crate) not_run: Option<String>,
 }
 
+/// The configuration that runs the hub alone at the pace of another configuration's Go fleet
+/// ([`PACED_LIKE`]): its process-wide cap is set to the write rate the fleet reached there, so
+/// that the control plane's figures compare the two at the same pace of writes.
+pub(crate) const PACED: &str = "bp";
+
+/// The configuration whose Go fleet sets [`PACED`]'s pace.
+pub(crate) const PACED_LIKE: &str = "b";
+
+/// The median write rate (writes per second while attaching) of the Go fleet in configuration
+/// `id`, if it ran.
+pub(crate) fn fleet_write_rate(results: &[ConfigResult], id: &str) -> Option<f64> {
+    let fleet = find(results, id)?.summary(Contender::Fleet)?;
+    (fleet.write_rate > 0.0).then_some(fleet.write_rate)
+}
+
 /// Medians of one contender's samples in one configuration.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Summary {
@@ -621,6 +636,20 @@ pub(crate) fn render(results: &[ConfigResult], checks: &[Check], ctx: &Context) 
     // What each configuration's workload cost the control plane, hub against fleet.
     let mut rows = Vec::new();
     for r in results.iter().filter(|r| r.not_run.is_none()) {
+        // The paced hub against the fleet whose pace it was given.
+        if r.id == PACED
+            && let Some(like) = find(results, PACED_LIKE)
+            && let Some(fleet) = like.summary(Contender::Fleet)
+        {
+            rows.push((
+                r.id.clone(),
+                format!(
+                    "{} ({PACED_LIKE})",
+                    Contender::Fleet.label(like.spec.drivers)
+                ),
+                fleet.plane,
+            ));
+        }
         for c in [Contender::Fleet, Contender::Hub] {
             if let Some(s) = r.summary(c) {
                 rows.push((r.id.clone(), c.label(r.spec.drivers), s.plane));

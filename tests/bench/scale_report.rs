@@ -227,6 +227,18 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
             }
         }
     }
+    for (c, points) in &r.drivers {
+        for p in points.iter().filter(|p| p.lease_losses > 0) {
+            let _ = writeln!(
+                md,
+                "\n{} with {} drivers lost a Lease {} times (a process that loses one exits, and \
+                 was started again a second later, as the kubelet restarts a container).",
+                c.label(p.drivers),
+                p.drivers,
+                p.lease_losses
+            );
+        }
+    }
     if !r.drivers.is_empty() {
         // The control plane during each idle window of the drivers curve.
         let mut rows = Vec::new();
