@@ -27,15 +27,20 @@ const LEADER_LEASE: &str = "external-attacher-leader-";
 const PRESENCE_LEASE: &str = "attacher-hub-replica-";
 
 /// The contender's requests received from `since` to `until`, by kind (verb as HTTP says it,
-/// resource, and for Leases what they are).
+/// resource, for Leases what they are, the scope of a cluster-wide LIST or WATCH, and the code
+/// of a refusal).
 pub(crate) fn audited(since: SystemTime, until: SystemTime) -> BTreeMap<String, usize> {
     let (since, until) = (stamp(since), stamp(until));
     let mut out = BTreeMap::new();
+    // A watch is logged twice (when its response starts and when it ends): one request per
+    // audit ID.
+    let mut seen = std::collections::HashSet::new();
     for event in audit_events(ATTACHER) {
         let at = event["requestReceivedTimestamp"]
             .as_str()
             .and_then(|t| t.parse::<Timestamp>().ok());
-        if at.is_some_and(|t| t >= since && t < until) {
+        let id = event["auditID"].as_str().unwrap_or_default().to_string();
+        if at.is_some_and(|t| t >= since && t < until) && seen.insert(id) {
             *out.entry(kind(&event)).or_default() += 1;
         }
     }
@@ -46,7 +51,7 @@ fn stamp(t: SystemTime) -> Timestamp {
     Timestamp::try_from(t).expect("a time after 1970")
 }
 
-/// `PUT leases (leader election)`, `WATCH volumeattachments`, `LIST leases (all namespaces)`.
+/// `PUT leases (leader election)`, `WATCH volumeattachments`, `LIST leases, all namespaces`.
 fn kind(event: &Value) -> String {
     let verb = match event["verb"].as_str().unwrap_or_default() {
         "get" => "GET",
@@ -66,6 +71,7 @@ fn kind(event: &Value) -> String {
     if let Some(sub) = object["subresource"].as_str() {
         resource = format!("{resource}/{sub}");
     }
+    // A LIST with a field selector on the name has the name in the audit record too.
     let name = object["name"].as_str().unwrap_or_default();
     let what = if resource != "leases" {
         ""
@@ -73,12 +79,23 @@ fn kind(event: &Value) -> String {
         " (leader election)"
     } else if name.starts_with(PRESENCE_LEASE) {
         " (replica presence)"
-    } else if object["namespace"].is_null() {
-        " (all namespaces)"
     } else {
         ""
     };
-    format!("{verb} {resource}{what}")
+    // Of the attachers' resources only Leases are namespaced.
+    let scope = if resource == "leases"
+        && object["namespace"].is_null()
+        && matches!(verb, "LIST" | "WATCH")
+    {
+        ", all namespaces"
+    } else {
+        ""
+    };
+    let refused = match event["responseStatus"]["code"].as_u64() {
+        Some(code) if code >= 400 => format!(", refused {code}"),
+        _ => String::new(),
+    };
+    format!("{verb} {resource}{what}{scope}{refused}")
 }
 
 /// `counts` over `seconds` for `drivers` drivers: per minute and per driver.
@@ -147,7 +164,13 @@ mod tests {
         );
         assert_eq!(
             kind(&event("list", "leases", None, None)),
-            "LIST leases (all namespaces)"
+            "LIST leases, all namespaces"
+        );
+        let mut guard = event("list", "leases", Some("external-attacher-leader-a"), None);
+        guard["responseStatus"] = json!({"code": 403});
+        assert_eq!(
+            kind(&guard),
+            "LIST leases (leader election), all namespaces, refused 403"
         );
         assert_eq!(
             kind(&event(
