@@ -34,6 +34,18 @@ fn show_ratio(r: Option<f64>) -> String {
     r.map_or("—".into(), |r| format!("{r:.3}×"))
 }
 
+/// The driver counts of the drivers curve, ascending, each once.
+fn driver_counts(r: &ScaleResults) -> Vec<usize> {
+    let mut counts: Vec<usize> = r
+        .drivers
+        .values()
+        .flat_map(|v| v.iter().map(|p| p.drivers))
+        .collect();
+    counts.sort_unstable();
+    counts.dedup();
+    counts
+}
+
 fn point(r: &ScaleResults, c: Contender, drivers: usize) -> Option<&DriverPoint> {
     r.drivers.get(&c)?.iter().find(|p| p.drivers == drivers)
 }
@@ -175,14 +187,7 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
             "| drivers | contender | processes | idle RSS (MiB) | idle CPU (m) | Lease writes/min | requests/min | VAs/s | p50 (s) | p99 (s) | dup. publishes |\n\
              |---|---|---|---|---|---|---|---|---|---|---|"
         );
-        let mut counts: Vec<usize> = r
-            .drivers
-            .values()
-            .flat_map(|v| v.iter().map(|p| p.drivers))
-            .collect();
-        counts.sort_unstable();
-        counts.dedup();
-        for n in counts {
+        for n in driver_counts(r) {
             for c in [Contender::Fleet, Contender::Hub] {
                 let Some(p) = point(r, c, n) else { continue };
                 let _ = writeln!(
@@ -278,14 +283,7 @@ pub(crate) fn render(r: &ScaleResults, checks: &[Check]) -> String {
              minute. The watches' caches resync in memory: no request.\n",
             r.idle_window.as_secs_f64()
         );
-        let mut counts: Vec<usize> = r
-            .drivers
-            .values()
-            .flat_map(|v| v.iter().map(|p| p.drivers))
-            .collect();
-        counts.sort_unstable();
-        counts.dedup();
-        for n in counts {
+        for n in driver_counts(r) {
             if let (Some(h), Some(f)) = (point(r, Contender::Hub, n), point(r, Contender::Fleet, n))
             {
                 let scaled = if f.scaled {
