@@ -214,18 +214,20 @@ pub async fn run(
     died.map_or(Ok(()), Err)
 }
 
-/// The hub's two API clients, and the address of their API server.
+/// The hub's API clients, and the address of their API server.
 struct Clients {
-    /// The drivers' client (and the watches').
+    /// The drivers' client: their reads and writes.
     client: kube::Client,
     /// The leader elections' client.
     leader_client: kube::Client,
+    /// The shared watches' client, on a connection of its own.
+    watch_client: kube::Client,
     /// The API server's URL.
     cluster_url: String,
 }
 
 /// Finds the API server (`kubeconfig`, else in-cluster configuration first) and makes the
-/// hub's clients over one connection, whose metrics go to `registry`.
+/// hub's clients over two connections, whose metrics go to `registry`.
 async fn connect(
     kubeconfig: Option<&std::path::Path>,
     registry: &prometheus::Registry,
@@ -238,15 +240,29 @@ async fn connect(
     connection_metrics
         .register(registry)
         .map_err(Error::Metrics)?;
-    // One connection for both clients, as client-go's clientsets made from one configuration
-    // share one: the leader client is separate for its API budget, not for its connection.
-    let transport =
+    // The drivers' and the leader elections' requests share one connection, as client-go's
+    // clientsets made from one configuration share theirs (the leader client is separate for
+    // its API budget). The shared watches get a second one. The API server writes every
+    // response frame of a connection from one goroutine and a watch waits for each of its
+    // frames to be written, so on one connection with the writes of all drivers the
+    // VolumeAttachment watch fell behind under churn, and the API server closed it for being
+    // slow to read (its buffer full for longer than it allows); a Go sidecar carries a tenth
+    // of those writes on its connection.
+    // A freeze under both is found by the requests' connection within seconds, and makes the
+    // watches' connection, which sends no request while its watches run, check itself too.
+    let requests =
         crate::k8s::Transport::new(&kube_cfg, connection_metrics).map_err(Error::KubeClient)?;
-    let client = crate::k8s::client(&kube_cfg, &transport).map_err(Error::KubeClient)?;
-    let leader_client = crate::k8s::client(&kube_cfg, &transport).map_err(Error::KubeClient)?;
+    let watches = {
+        let _span = tracing::info_span!("watches").entered();
+        requests.sibling(&kube_cfg).map_err(Error::KubeClient)?
+    };
+    let client = crate::k8s::client(&kube_cfg, &requests).map_err(Error::KubeClient)?;
+    let leader_client = crate::k8s::client(&kube_cfg, &requests).map_err(Error::KubeClient)?;
+    let watch_client = crate::k8s::client(&kube_cfg, &watches).map_err(Error::KubeClient)?;
     Ok(Clients {
         client,
         leader_client,
+        watch_client,
         cluster_url: kube_cfg.cluster_url.to_string(),
     })
 }
@@ -283,7 +299,7 @@ fn start_watches(
     });
     tracing::debug!(?initial, "initial lists of the shared watches");
     let (stores, watches) = router::start(
-        clients.client.clone(),
+        clients.watch_client.clone(),
         clients.cluster_url.clone(),
         dispatch.clone(),
         (resync, initial),

@@ -1,6 +1,6 @@
 //! The Kubernetes clients: kube's client stack (base URI, authentication, impersonation headers)
-//! over one shared [`Transport`] (one health-checked HTTP/2 connection), and the watch timeout
-//! that keeps healthy watches from looking dead.
+//! over a shared [`Transport`] (a health-checked HTTP/2 connection), and the watch timeout that
+//! keeps healthy watches from looking dead.
 
 use std::path::{Path, PathBuf};
 

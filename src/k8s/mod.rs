@@ -1,9 +1,9 @@
 //! The Kubernetes side: the API client, the shared watches and caches, the writes a driver
 //! makes and the budgets they are spent from, and error texts shaped like client-go's.
 //!
-//! * [`client`](mod@client) — the clients, over one [`transport`];
-//! * [`transport`] — one HTTP/2 connection to the API server, checked with PINGs (HTTP/1.1
-//!   where the server has no HTTP/2);
+//! * [`client`](mod@client) — the clients, over a [`transport`] each for requests and watches;
+//! * [`transport`] — an HTTP/2 connection to the API server, checked with PINGs, and told when
+//!   its sibling's stalls (HTTP/1.1 where the server has no HTTP/2);
 //! * [`router`] — one watch per kind feeding the [`stores`], routing each change;
 //! * [`lean`] — the copies the stores hold: only what the attacher reads of each object;
 //! * [`writer`] — a driver's PATCHes and Secret reads;

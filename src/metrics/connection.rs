@@ -11,13 +11,14 @@ pub struct ConnectionMetrics {
     /// `http1`, `error`); attempts that lost to a parallel one are not counted.
     pub dials: IntCounterVec,
     /// `attacher_hub_api_connection_pings_total{reason, result}`: health PINGs by why they were
-    /// sent (`idle`, `stalled`) and how they ended (`answered`, `unanswered`).
+    /// sent (`idle`, `stalled`, `peer`: the other connection stalled) and how they ended
+    /// (`answered`, `unanswered`).
     pub pings: IntCounterVec,
     /// `attacher_hub_api_connections_dead_total{reason}`: connections closed because a PING
     /// went unanswered, by the PING's reason.
     pub dead: IntCounterVec,
-    /// `attacher_hub_api_connections_open`: HTTP/2 connections open now (one, unless an old
-    /// one still finishes its streams after a GOAWAY).
+    /// `attacher_hub_api_connections_open`: HTTP/2 connections open now (two, the requests' and
+    /// the watches', unless an old one still finishes its streams after a GOAWAY).
     pub open: IntGauge,
 }
 
@@ -37,7 +38,7 @@ impl ConnectionMetrics {
             ),
             pings: counter(
                 "attacher_hub_api_connection_pings_total",
-                "HTTP/2 health PINGs sent to the API server, by reason (idle, stalled) and result (answered, unanswered)",
+                "HTTP/2 health PINGs sent to the API server, by reason (idle, stalled, peer) and result (answered, unanswered)",
                 &["reason", "result"],
             ),
             dead: counter(

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::{
     body::ResponseBody,
     dial::{DialError, Io},
-    health::{self, Activity, Next, Reason, Tracked},
+    health::{self, Activity, Alarm, Next, Reason, Tracked},
 };
 use crate::metrics::ConnectionMetrics;
 
@@ -73,6 +73,7 @@ impl Conn {
         io: Box<dyn Io>,
         server: &str,
         metrics: &ConnectionMetrics,
+        alarm: &Alarm,
     ) -> Result<Arc<Self>, DialError> {
         let activity = Activity::new(Instant::now());
         let tracked = Tracked::new(io, activity.clone());
@@ -103,6 +104,7 @@ impl Conn {
             activity: activity.clone(),
             retired: retired.clone(),
             metrics: metrics.clone(),
+            alarm: alarm.clone(),
         };
         let span = tracing::debug_span!("api-connection", id, server);
         let task = tokio::spawn(drive.run(connection, ping_pong).instrument(span));
@@ -241,6 +243,8 @@ struct Drive {
     retired: CancellationToken,
     /// Where PINGs and deaths are counted.
     metrics: ConnectionMetrics,
+    /// Shared with the other connections to the server.
+    alarm: Alarm,
 }
 
 /// How a connection ended.
@@ -289,6 +293,7 @@ impl Drive {
                     cause = match reason {
                         Reason::Idle => "nothing read, and a health PING unanswered",
                         Reason::Stalled => "a request unanswered, and a health PING unanswered",
+                        Reason::Peer => "another connection to the server stalled, and a health PING unanswered",
                     },
                     silent_s = silent.as_secs_f64(),
                     "the connection to the API server is dead; closing it (its requests and watches fail and are retried on a new connection)"
@@ -297,23 +302,30 @@ impl Drive {
         }
     }
 
-    /// The health check: pings when [`health::next`] says so; returns when a PING goes
-    /// unanswered or cannot be sent. Never returns for a connection without PINGs.
+    /// The health check: pings when [`health::next`] says so or another connection to the
+    /// server raises the [`Alarm`]; returns when a PING goes unanswered or cannot be sent.
+    /// Never returns for a connection without PINGs.
     async fn check(&self, ping_pong: Option<h2::PingPong>) -> End {
         let Some(mut ping_pong) = ping_pong else {
             return std::future::pending().await;
         };
+        let mut peers = self.alarm.listen();
         loop {
             let reason = match health::next(self.activity.seen(), Instant::now()) {
                 Next::WaitUntil(at) => {
                     tokio::select! {
-                        () = tokio::time::sleep_until(at) => {}
-                        () = self.activity.request_sent() => {}
+                        () = tokio::time::sleep_until(at) => continue,
+                        () = self.activity.request_sent() => continue,
+                        Ok(()) = peers.changed() => Reason::Peer,
                     }
-                    continue;
                 }
                 Next::Ping(reason) => reason,
             };
+            // This PING answers every alarm raised so far.
+            peers.borrow_and_update();
+            if reason == Reason::Stalled {
+                self.alarm.raise(&mut peers);
+            }
             let sent = Instant::now();
             tracing::debug!(reason = reason.label(), "health PING");
             if let Err(e) = ping_pong.send_ping(h2::Ping::opaque()) {

@@ -2,7 +2,7 @@
 //! read since it was sent, and the pure decisions of when to send a PING and when an unanswered
 //! one means the connection is dead.
 //!
-//! Two reasons to ping:
+//! Three reasons to ping:
 //!
 //! * [`Reason::Idle`]: nothing read for [`READ_IDLE_TIMEOUT`] (client-go's `ReadIdleTimeout`),
 //!   whatever the requests do; a PING unanswered for [`PING_TIMEOUT`] (client-go's
@@ -13,7 +13,13 @@
 //!   the request has waited [`STALL_AFTER`], and give up on the connection after
 //!   [`STALL_PING_TIMEOUT`]. A server that is slow to answer a request still answers a PING at
 //!   once (Go's HTTP/2 server answers PINGs from its frame loop, not from the handlers), so a
-//!   slow request costs one PING, never the connection.
+//!   slow request costs one PING, never the connection;
+//! * [`Reason::Peer`]: another connection to the same API server sent a stall PING
+//!   ([`Alarm`]). A connection that carries only watches sends no request while the network
+//!   under it is frozen, so its own stall check never fires and its idle check finds the
+//!   freeze [`READ_IDLE_TIMEOUT`] + [`PING_TIMEOUT`] late; its sibling, which sends requests
+//!   every few seconds, finds the same freeze within [`STALL_AFTER`]. The PING is judged as a
+//!   stall check's.
 //!
 //! Either way a connection is declared dead only when the PING is unanswered *and* nothing at
 //! all was read for the timeout: bytes that keep arriving (a PING ACK queued behind a long
@@ -50,6 +56,8 @@ pub enum Reason {
     Idle,
     /// A request waited [`STALL_AFTER`] with nothing read since it was sent.
     Stalled,
+    /// Another connection to the same server sent a [`Reason::Stalled`] PING.
+    Peer,
 }
 
 impl Reason {
@@ -58,6 +66,7 @@ impl Reason {
         match self {
             Self::Idle => "idle",
             Self::Stalled => "stalled",
+            Self::Peer => "peer",
         }
     }
 
@@ -65,8 +74,35 @@ impl Reason {
     pub(crate) fn timeout(self) -> Duration {
         match self {
             Self::Idle => PING_TIMEOUT,
-            Self::Stalled => STALL_PING_TIMEOUT,
+            Self::Stalled | Self::Peer => STALL_PING_TIMEOUT,
         }
+    }
+}
+
+/// What the connections of the transports to one API server tell each other: each connection
+/// that sends a [`Reason::Stalled`] PING raises it, and every other connection listening then
+/// checks itself with a [`Reason::Peer`] PING. Only a stall raises it: an idle check is
+/// routine, and a peer check raising it again would set the connections pinging each other.
+/// On a live connection it costs one PING and its answer.
+#[derive(Clone, Debug)]
+pub struct Alarm(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Alarm {
+    /// An alarm nobody has raised.
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(tokio::sync::watch::channel(0).0))
+    }
+
+    /// Tells every listener but `own` (which marks it heard).
+    pub(crate) fn raise(&self, own: &mut tokio::sync::watch::Receiver<u64>) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+        own.borrow_and_update();
+    }
+
+    /// A listener that has heard every alarm raised so far. Its `changed()` fails only when
+    /// every [`Alarm`] is gone, which cannot happen while a holder of one listens.
+    pub(crate) fn listen(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.subscribe()
     }
 }
 
@@ -313,5 +349,19 @@ mod tests {
             ping_deadline(Reason::Stalled, at(t0, 3), at(t0, 7)),
             at(t0, 12)
         );
+        assert_eq!(ping_deadline(Reason::Peer, at(t0, 3), t0), at(t0, 8));
+    }
+
+    #[tokio::test]
+    async fn an_alarm_reaches_every_listener_but_the_one_that_raised_it() {
+        let alarm = Alarm::new();
+        let mut raiser = alarm.listen();
+        let other = alarm.listen();
+        assert!(!other.has_changed().unwrap());
+        alarm.raise(&mut raiser);
+        assert!(other.has_changed().unwrap());
+        assert!(!raiser.has_changed().unwrap());
+        // A listener made after it has heard it.
+        assert!(!alarm.listen().has_changed().unwrap());
     }
 }

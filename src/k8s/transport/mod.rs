@@ -1,11 +1,14 @@
-//! The transport under both of the hub's Kubernetes clients: one multiplexed HTTP/2 connection
-//! to the API server, checked for life with PINGs, as client-go's transport does; HTTP/1.1 where
-//! the server offers no HTTP/2.
+//! The transport under the hub's Kubernetes clients: a multiplexed HTTP/2 connection to the API
+//! server, checked for life with PINGs, as client-go's transport does; HTTP/1.1 where the server
+//! offers no HTTP/2. The hub has two: one for its requests, a [sibling](Transport::sibling) for
+//! its shared watches.
 //!
 //! ```text
 //!  kube::Client (main) ──┐                       ┌─ Conn: h2 connection task ── TLS ── TCP ── API server
 //!                        ├─▶ Transport ─▶ Slot ──┤   + health check (PINGs)
 //!  kube::Client (leader)─┘    (tower::Service)   └─ or HTTP/1.1 (hyper-util pool, timeouts)
+//!                                 ┆ Alarm (a stall on one: a PING on the other)
+//!  kube::Client (watches) ──▶ Transport ─▶ Slot ── Conn ── TLS ── TCP ── API server
 //! ```
 //!
 //! * [`dial`]: TCP (connect timeout, keepalive, `TCP_USER_TIMEOUT`), TLS (handshake timeout,
@@ -36,6 +39,19 @@
 //! sends a PING at once, and a PING unanswered for [`health::STALL_PING_TIMEOUT`] with nothing
 //! read meanwhile closes the connection. Its streams fail (the watches re-watch, the writes are
 //! retried by their callers) and the next request dials a new one.
+//!
+//! # Why a second connection for the watches
+//!
+//! The API server's HTTP/2 server writes the frames of one connection one at a time, and a
+//! watch's handler waits for each of its frames to be written before it takes the next event
+//! (`x/net/http2` `server.go`, `writeDataFromHandler`). On one connection with the writes of
+//! every driver (hundreds a second under churn) the hub's VolumeAttachment watch fell behind,
+//! its buffer on the API server stayed full past the time the API server allows, and the API
+//! server cut the watch off; a Go sidecar's connection carries one driver's writes. So the
+//! watches get a [`Transport::sibling`]. Such a connection sends no request while its watches
+//! run, so a freeze under it never trips its stall check; its sibling's does (Lease renewals
+//! go out every few seconds), and raises an [`health::Alarm`] that makes it PING at once,
+//! closed after the same [`health::STALL_PING_TIMEOUT`] if unanswered.
 //!
 //! # Why our own HTTP/2 client
 //!
@@ -87,6 +103,7 @@ pub use slot::ConnectError;
 
 use crate::metrics::ConnectionMetrics;
 use dial::{Dial, TcpDialer};
+use health::Alarm;
 use slot::{Route, Slot};
 
 /// Longest wait of a request for a connection.
@@ -149,6 +166,10 @@ impl std::fmt::Debug for Transport {
 struct Inner {
     /// `host:port` of the API server.
     server: String,
+    /// Where the connection's dials, PINGs and deaths are counted (shared with siblings).
+    metrics: ConnectionMetrics,
+    /// Shared with siblings.
+    alarm: Alarm,
     /// The connection.
     slot: Arc<Slot>,
     /// Requests when the server speaks HTTP/1.1 only.
@@ -163,22 +184,47 @@ impl Transport {
     pub fn new(config: &kube::Config, metrics: ConnectionMetrics) -> kube::Result<Self> {
         let dialer = TcpDialer::new(config)?;
         let http1 = http1_client(config)?;
-        Ok(Self::with_dialer(Arc::new(dialer), http1, metrics))
+        Ok(Self::with_dialer(
+            Arc::new(dialer),
+            http1,
+            metrics,
+            Alarm::new(),
+        ))
     }
 
-    /// A transport over `dialer` (the tests' in-process servers).
+    /// Another transport to the same API server (`config` should name it), with a connection of
+    /// its own: a request that stalls on either connection makes the other check itself with
+    /// a PING at once ([`health::Alarm`]). Counted in the same metrics.
+    pub fn sibling(&self, config: &kube::Config) -> kube::Result<Self> {
+        let dialer = TcpDialer::new(config)?;
+        let http1 = http1_client(config)?;
+        Ok(Self::with_dialer(
+            Arc::new(dialer),
+            http1,
+            self.inner.metrics.clone(),
+            self.inner.alarm.clone(),
+        ))
+    }
+
+    /// A transport over `dialer` (the tests' in-process servers), its connections' health tied
+    /// to those of the transports sharing `alarm`.
     pub(crate) fn with_dialer(
         dialer: Arc<dyn Dial>,
         http1: Http1,
         metrics: ConnectionMetrics,
+        alarm: Alarm,
     ) -> Self {
         let server = dialer.server().to_owned();
         let slot = Slot::new();
         let span = tracing::info_span!("api-transport", server);
-        let keeper = tokio::spawn(slot::keep(slot.clone(), dialer, metrics).instrument(span));
+        let keeper = tokio::spawn(
+            slot::keep(slot.clone(), dialer, metrics.clone(), alarm.clone()).instrument(span),
+        );
         Self {
             inner: Arc::new(Inner {
                 server,
+                metrics,
+                alarm,
                 slot,
                 http1,
                 _keeper: tokio_util::task::AbortOnDropHandle::new(keeper),

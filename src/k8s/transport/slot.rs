@@ -24,6 +24,7 @@ use tokio::{sync::watch, time::Instant};
 use super::{
     conn::Conn,
     dial::{Dial, DialError, Dialed},
+    health::Alarm,
 };
 use crate::backoff::Doubling;
 use crate::metrics::ConnectionMetrics;
@@ -184,7 +185,12 @@ pub(crate) fn backoff(failures: u32) -> Duration {
 
 /// Keeps the connection: dials on demand, publishes it, and starts over when it retires. Ends
 /// only when the server turns out to speak HTTP/1.1 only (the state stays [`State::Http1`]).
-pub(crate) async fn keep(slot: Arc<Slot>, dialer: Arc<dyn Dial>, metrics: ConnectionMetrics) {
+pub(crate) async fn keep(
+    slot: Arc<Slot>,
+    dialer: Arc<dyn Dial>,
+    metrics: ConnectionMetrics,
+    alarm: Alarm,
+) {
     let server = dialer.server().to_owned();
     let mut failures = 0u32;
     let mut last_round: Option<Instant> = None;
@@ -198,10 +204,12 @@ pub(crate) async fn keep(slot: Arc<Slot>, dialer: Arc<dyn Dial>, metrics: Connec
         last_round = Some(Instant::now());
         slot.state.send_replace(State::Dialing);
         let outcome = match dial_round(&slot, &*dialer, &metrics).await {
-            Ok(Dialed::H2(io)) => Conn::start(io, &server, &metrics).await.inspect_err(|_| {
-                // The TLS connection was made, the HTTP/2 handshake failed: a failed attempt.
-                metrics.dials.with_label_values(&["error"]).inc();
-            }),
+            Ok(Dialed::H2(io)) => Conn::start(io, &server, &metrics, &alarm)
+                .await
+                .inspect_err(|_| {
+                    // The TLS connection was made, the HTTP/2 handshake failed: a failed attempt.
+                    metrics.dials.with_label_values(&["error"]).inc();
+                }),
             Ok(Dialed::Http1) => {
                 metrics.dials.with_label_values(&["http1"]).inc();
                 tracing::info!(%server, "the API server offers no HTTP/2; using HTTP/1.1 connections");

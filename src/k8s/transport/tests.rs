@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::{
     READ_TIMEOUT, Transport, WATCH_SLACK,
     dial::{Dial, DialError, Dialed},
-    health::{PING_TIMEOUT, READ_IDLE_TIMEOUT, STALL_AFTER, STALL_PING_TIMEOUT},
+    health::{Alarm, PING_TIMEOUT, READ_IDLE_TIMEOUT, STALL_AFTER, STALL_PING_TIMEOUT},
     slot::HEDGE_AFTER,
     watch_lifetime,
 };
@@ -284,17 +284,32 @@ impl Dial for Dialer {
 /// A transport over `dialer`, with its metrics.
 fn transport(dialer: &Arc<Dialer>) -> (Transport, ConnectionMetrics) {
     let metrics = ConnectionMetrics::new();
-    let no_http1 = tower::util::BoxCloneSyncService::new(tower::service_fn(
+    (
+        Transport::with_dialer(dialer.clone(), no_http1(), metrics.clone(), Alarm::new()),
+        metrics,
+    )
+}
+
+/// A second transport to `dialer`'s server beside `transport`, as the hub makes for its
+/// watches (`Transport::sibling`).
+fn sibling(transport: &Transport, dialer: &Arc<Dialer>) -> Transport {
+    Transport::with_dialer(
+        dialer.clone(),
+        no_http1(),
+        transport.inner.metrics.clone(),
+        transport.inner.alarm.clone(),
+    )
+}
+
+/// The HTTP/1.1 path of the tests' transports: every test server speaks HTTP/2.
+fn no_http1() -> super::Http1 {
+    tower::util::BoxCloneSyncService::new(tower::service_fn(
         |_: http::Request<kube::client::Body>| async {
             Err::<http::Response<hyper::body::Incoming>, tower::BoxError>(
                 "no HTTP/1.1 in this test".into(),
             )
         },
-    ));
-    (
-        Transport::with_dialer(dialer.clone(), no_http1, metrics.clone()),
-        metrics,
-    )
+    ))
 }
 
 /// `GET https://test.local<path>`: the response.
@@ -471,6 +486,71 @@ async fn a_watch_on_a_stalled_quiet_connection_ends_after_the_idle_ping_goes_una
     );
     assert_eq!(count(&metrics.dead, &["idle"]), 1);
     assert_eq!(count(&metrics.pings, &["idle", "unanswered"]), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_on_a_sibling_of_a_stalled_connection_ends_with_the_stall_not_the_idle_check() {
+    let dialer = Dialer::new();
+    let (requests, metrics) = transport(&dialer);
+    let watches = sibling(&requests, &dialer);
+    assert_eq!(get_text(&requests, "/fast").await.unwrap(), "ok");
+    let mut watch = get(&watches, "/watch/1000000/0").await.unwrap().into_body();
+    assert!(next_chunk(&mut watch).await.unwrap().is_ok());
+    assert_eq!(dialer.connections(), 2, "one connection each");
+    dialer.stall_all();
+    let start = Instant::now();
+    let (failed, ended) = tokio::join!(get(&requests, "/fast"), async {
+        let ended = next_chunk(&mut watch).await.unwrap();
+        (ended, start.elapsed())
+    });
+    assert!(
+        failed.is_err(),
+        "the request on the stalled connection failed"
+    );
+    let (ended, took) = ended;
+    assert!(ended.is_err(), "the watch failed");
+    // Without its sibling it would have waited for its idle check: READ_IDLE_TIMEOUT +
+    // PING_TIMEOUT (`a_watch_on_a_stalled_quiet_connection_ends_after_the_idle_ping_goes_unanswered`).
+    assert!(
+        within(
+            took,
+            STALL_AFTER + STALL_PING_TIMEOUT,
+            Duration::from_millis(100)
+        ),
+        "the watch's connection found dead after {took:?}, expected {:?}",
+        STALL_AFTER + STALL_PING_TIMEOUT
+    );
+    assert_eq!(count(&metrics.dead, &["stalled"]), 1);
+    assert_eq!(count(&metrics.dead, &["peer"]), 1);
+    assert_eq!(count(&metrics.dead, &["idle"]), 0);
+    assert_eq!(metrics.open.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stall_on_one_connection_costs_its_live_sibling_a_ping_not_the_connection() {
+    let dialer = Dialer::new();
+    let (requests, metrics) = transport(&dialer);
+    assert_eq!(get_text(&requests, "/fast").await.unwrap(), "ok");
+    let watches = sibling(&requests, &dialer);
+    // An event every 20 s: the sibling's idle check never fires on its own.
+    let mut watch = get(&watches, "/watch/20000/4").await.unwrap().into_body();
+    assert!(next_chunk(&mut watch).await.unwrap().is_ok());
+    // Only the requests' connection (dialed first) stalls.
+    dialer.gates.lock()[0].store(true, Ordering::Relaxed);
+    assert!(get(&requests, "/fast").await.is_err());
+    let mut events = 1;
+    while let Some(chunk) = next_chunk(&mut watch).await {
+        chunk.expect("the live sibling's watch is not cut");
+        events += 1;
+    }
+    assert_eq!(events, 4);
+    assert_eq!(count(&metrics.pings, &["peer", "answered"]), 1);
+    assert_eq!(count(&metrics.pings, &["peer", "unanswered"]), 0);
+    assert_eq!(count(&metrics.dead, &["stalled"]), 1);
+    assert_eq!(count(&metrics.dead, &["peer"]), 0);
+    // The stalled one's next request gets a new connection; the sibling kept its own.
+    assert_eq!(get_text(&requests, "/fast").await.unwrap(), "ok");
+    assert_eq!(dialer.dials(), 3);
 }
 
 #[tokio::test(start_paused = true)]
