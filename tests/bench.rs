@@ -465,6 +465,8 @@ async fn one_hub_against_a_fleet_of_go_sidecars() {
     let hub_has_cap = hub_knows_cap_flags();
     eprintln!("bench: {knobs:?}; hub has the cap flags: {hub_has_cap}");
 
+    scenario::grant_lease_guard(&client).await;
+
     let mut raw = Vec::new();
     for &c in RAW_CONCURRENCY {
         let seconds = knobs.raw_seconds / RAW_CONCURRENCY.len() as f64;

@@ -1149,3 +1149,47 @@ pub(crate) async fn remove_extra(client: &Client, (vas, pvs): &(Vec<String>, Vec
     delete_all::<VolumeAttachment>(client, vas).await;
     delete_all::<PersistentVolume>(client, pvs).await;
 }
+
+/// Gives the attachers' identity (`system:serviceaccount:default:csi-attacher`) the
+/// cross-namespace Lease guard's grant as attacher-hub ships it
+/// (`deploy/components/lease-guard`, its ClusterRole bound to that ServiceAccount): every
+/// shipped overlay has it, so the hub measured here makes the guard's LISTs it makes when
+/// deployed. The Go sidecars never list Leases outside their namespace, so the grant changes
+/// nothing of theirs.
+pub(crate) async fn grant_lease_guard(client: &Client) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/components/lease-guard");
+    let read = |file: &str| {
+        let path = dir.join(file);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
+    };
+    let role: ClusterRole =
+        serde_saphyr::from_str(&read("clusterrole.yaml")).expect("the shipped ClusterRole parses");
+    let mut binding: ClusterRoleBinding = serde_saphyr::from_str(&read("clusterrolebinding.yaml"))
+        .expect("the shipped ClusterRoleBinding parses");
+    for subject in binding.subjects.iter_mut().flatten() {
+        subject.name = "csi-attacher".into();
+        subject.namespace = Some(LEASE_NAMESPACE.into());
+    }
+    let params = PatchParams::apply("attacher-hub-bench").force();
+    let name = role
+        .metadata
+        .name
+        .clone()
+        .expect("the ClusterRole has a name");
+    Api::<ClusterRole>::all(client.clone())
+        .patch(&name, &params, &Patch::Apply(&role))
+        .await
+        .unwrap_or_else(|err| panic!("applying ClusterRole {name}: {err}"));
+    let name = binding
+        .metadata
+        .name
+        .clone()
+        .expect("the binding has a name");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .patch(&name, &params, &Patch::Apply(&binding))
+        .await
+        .unwrap_or_else(|err| panic!("applying ClusterRoleBinding {name}: {err}"));
+}
