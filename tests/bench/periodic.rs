@@ -120,7 +120,7 @@ pub(crate) fn table(
     hub: &BTreeMap<String, f64>,
 ) -> String {
     let mut md = format!(
-        "{label}\n\n| request | Go sidecars, per driver per minute | attacher-hub, per driver per minute | hub / Go |\n|---|---|---|---|\n"
+        "\n{label}\n\n| request | Go sidecars, per driver per minute | attacher-hub, per driver per minute | hub / Go |\n|---|---|---|---|\n"
     );
     let mut kinds: Vec<&String> = fleet.keys().chain(hub.keys()).collect();
     kinds.sort();

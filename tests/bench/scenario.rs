@@ -1173,23 +1173,26 @@ pub(crate) async fn grant_lease_guard(client: &Client) {
         subject.name = "csi-attacher".into();
         subject.namespace = Some(LEASE_NAMESPACE.into());
     }
-    let params = PatchParams::apply("attacher-hub-bench").force();
-    let name = role
-        .metadata
-        .name
-        .clone()
-        .expect("the ClusterRole has a name");
-    Api::<ClusterRole>::all(client.clone())
-        .patch(&name, &params, &Patch::Apply(&role))
+    apply_cluster_scoped(client, &role).await;
+    apply_cluster_scoped(client, &binding).await;
+}
+
+/// Server-side applies the cluster-scoped `object` as the benchmark.
+async fn apply_cluster_scoped<K>(client: &Client, object: &K)
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().expect("the object has a name");
+    Api::<K>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply("attacher-hub-bench").force(),
+            &Patch::Apply(object),
+        )
         .await
-        .unwrap_or_else(|err| panic!("applying ClusterRole {name}: {err}"));
-    let name = binding
-        .metadata
-        .name
-        .clone()
-        .expect("the binding has a name");
-    Api::<ClusterRoleBinding>::all(client.clone())
-        .patch(&name, &params, &Patch::Apply(&binding))
-        .await
-        .unwrap_or_else(|err| panic!("applying ClusterRoleBinding {name}: {err}"));
+        .unwrap_or_else(|err| panic!("applying {} {name}: {err}", K::kind(&())));
 }
