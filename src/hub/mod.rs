@@ -242,14 +242,8 @@ async fn connect(
         .map_err(Error::Metrics)?;
     // The drivers' and the leader elections' requests share one connection, as client-go's
     // clientsets made from one configuration share theirs (the leader client is separate for
-    // its API budget). The shared watches get a second one. The API server writes every
-    // response frame of a connection from one goroutine and a watch waits for each of its
-    // frames to be written, so on one connection with the writes of all drivers the
-    // VolumeAttachment watch fell behind under churn, and the API server closed it for being
-    // slow to read (its buffer full for longer than it allows); a Go sidecar carries a tenth
-    // of those writes on its connection.
-    // A freeze under both is found by the requests' connection within seconds, and makes the
-    // watches' connection, which sends no request while its watches run, check itself too.
+    // its API budget). The shared watches get a sibling connection, which checks itself when
+    // the first stalls (why: `crate::k8s::transport`, "Why a second connection").
     let requests =
         crate::k8s::Transport::new(&kube_cfg, connection_metrics).map_err(Error::KubeClient)?;
     let watches = {
